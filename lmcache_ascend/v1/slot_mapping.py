@@ -1,0 +1,124 @@
+"""Per-group addressing of one chunk: which rows / pages of vLLM's paged KV
+belong to tokens ``[start, end)`` of a request.
+
+Pure numpy. Every function returns the kernel-ready int64 array (``SKIP`` =
+leave alone) plus the number of *needed* positions that had no real block
+(the null block 0, or past the end of the block table). A store must not
+persist a chunk with missing positions (it would save garbage); a load
+treats them as positions vLLM does not need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from lmcache_ascend.v1.groups import NULL_BLOCK_ID, SKIP, GroupKind, SchedulerGroup
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Addressing of one group for one chunk."""
+
+    ids: np.ndarray  # int64 slots (ROW) or block ids (PAGE); SKIP = untouched
+    missing: int  # needed positions without a real block
+
+
+def _lookup_blocks(block_table: Sequence[int], block_idx: np.ndarray) -> np.ndarray:
+    """Map logical block indices to block ids; beyond the table -> null."""
+    table = np.asarray(block_table, dtype=np.int64)
+    out = np.full(block_idx.shape, NULL_BLOCK_ID, dtype=np.int64)
+    inside = block_idx < table.shape[0]
+    out[inside] = table[block_idx[inside]]
+    return out
+
+
+def _check_range(group: SchedulerGroup, start: int, end: int, chunk_size: int) -> None:
+    if start < 0 or end <= start or end - start > chunk_size:
+        raise ValueError(
+            f"group {group.index}: chunk range [{start}, {end}) is invalid for "
+            f"chunk_size {chunk_size}"
+        )
+    if start % chunk_size:
+        raise ValueError(
+            f"group {group.index}: chunk start {start} is not a multiple of "
+            f"chunk_size {chunk_size}"
+        )
+
+
+def chunk_rows(
+    group: SchedulerGroup,
+    block_table: Sequence[int],
+    start: int,
+    end: int,
+    chunk_size: int,
+    rows_per_block: int | None = None,
+) -> GroupAddress:
+    """Row slots for the stored rows of chunk ``[start, end)`` in ``group``.
+
+    The result always has ``group.physical_rows(chunk_size)`` entries, so a
+    chunk buffer has a fixed geometry. Row ``j`` (a compressed position,
+    ``token // compress_ratio``) lives at ``block_table[j // bpr] * bpr +
+    j % bpr`` where ``bpr`` is the plane's rows per block. Sliding groups
+    keep only the rows of the window that ends at ``end``.
+    """
+    _check_range(group, start, end, chunk_size)
+    ratio = group.compress_ratio
+    bpr = rows_per_block or group.rows_per_block
+    n_phys = group.physical_rows(chunk_size)
+    first_row = start // ratio
+    chunk_end_row = first_row + group.logical_rows(chunk_size)
+    end_row = -(-end // ratio)  # ceil: a partially covered row is still written
+    # The stored rows are the last n_phys rows of the full chunk.
+    rows = np.arange(chunk_end_row - n_phys, chunk_end_row, dtype=np.int64)
+    valid = rows < end_row
+    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
+        window_start = max(0, end - group.sliding_window) // ratio
+        valid &= rows >= window_start
+    blocks = _lookup_blocks(block_table, rows // bpr)
+    real = blocks != NULL_BLOCK_ID
+    ids = np.where(valid & real, blocks * bpr + rows % bpr, SKIP)
+    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()))
+
+
+def chunk_pages(
+    group: SchedulerGroup,
+    block_table: Sequence[int],
+    start: int,
+    end: int,
+    chunk_size: int,
+) -> GroupAddress:
+    """Block ids of the pages stored for chunk ``[start, end)``.
+
+    ``chunk_size`` must be a multiple of the group's block size (checked at
+    startup). Sliding groups keep the pages that intersect the window ending
+    at ``end``. The result has ``group.physical_pages(chunk_size)`` entries.
+    """
+    _check_range(group, start, end, chunk_size)
+    bs = group.block_size
+    n_phys = group.physical_pages(chunk_size)
+    first = start // bs
+    chunk_end_block = first + group.logical_pages(chunk_size)
+    end_block = -(-end // bs)
+    idx = np.arange(chunk_end_block - n_phys, chunk_end_block, dtype=np.int64)
+    valid = idx < end_block
+    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
+        window_start = max(0, end - group.sliding_window)
+        valid &= (idx + 1) * bs > window_start
+    blocks = _lookup_blocks(block_table, idx)
+    real = blocks != NULL_BLOCK_ID
+    ids = np.where(valid & real, blocks, SKIP)
+    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()))
+
+
+def primary_group(groups: Sequence[SchedulerGroup], block_tables: Sequence[Sequence[int]]) -> int:
+    """The group spanning the most tokens (len(blocks) * block_size); it
+    drives chunk hashing and masks. Ties go to the lowest index."""
+    best, best_span = 0, -1
+    for g in groups:
+        span = len(block_tables[g.index]) * g.block_size
+        if span > best_span:
+            best, best_span = g.index, span
+    return best
