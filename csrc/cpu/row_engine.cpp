@@ -1,0 +1,144 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "row_engine.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace lmca::cpu {
+namespace {
+
+// One maximal run of consecutive rows with consecutive slots in one block.
+struct Run {
+  int64_t plane;
+  int64_t row;   // first chunk row
+  int64_t slot;  // first slot
+  int64_t n;     // rows
+};
+
+// Items are split so that one thread never owns a huge run alone; 1 MiB keeps
+// per-item overhead negligible while giving every thread work.
+constexpr int64_t kMaxItemBytes = 1 << 20;
+// Target bytes per parallel task: below this, thread hand-off costs more
+// than the copy.
+constexpr int64_t kTaskBytes = 256 << 10;
+
+void collect_runs(int64_t plane, const PlaneJob& pj, std::vector<Run>& out) {
+  const PlaneGeom& g = pj.geom;
+  const int64_t rb = row_bytes(g);
+  const int64_t max_rows = std::max<int64_t>(1, kMaxItemBytes / std::max<int64_t>(rb, 1));
+  int64_t i = std::max<int64_t>(pj.first_row, 0);
+  while (i < pj.num_slots) {
+    const int64_t s = pj.slots[i];
+    if (s < 0) {
+      ++i;
+      continue;
+    }
+    int64_t n = 1;
+    while (i + n < pj.num_slots && n < max_rows &&
+           slot_extends_run(pj.slots[i + n - 1], pj.slots[i + n], g.block_size)) {
+      ++n;
+    }
+    out.push_back(Run{plane, i, s, n});
+    i += n;
+  }
+}
+
+inline void copy_bytes(uint8_t* paged, uint8_t* chunk, int64_t n,
+                       bool to_chunk) {
+  if (to_chunk) {
+    std::memcpy(chunk, paged, static_cast<size_t>(n));
+  } else {
+    std::memcpy(paged, chunk, static_cast<size_t>(n));
+  }
+}
+
+void copy_run(const PlaneGeom& g, uint8_t* paged_base, uint8_t* chunk_base,
+              const Run& r, bool to_chunk) {
+  const bool one_span = paged_rows_adjacent(g) && chunk_rows_adjacent(g);
+  for (int64_t seg = 0; seg < g.num_segs; ++seg) {
+    if (one_span) {
+      copy_bytes(paged_base + paged_slot_offset(g, r.slot, seg),
+                 chunk_base + chunk_offset(g, r.row, seg),
+                 run_span_bytes(g, r.n), to_chunk);
+      continue;
+    }
+    for (int64_t k = 0; k < r.n; ++k) {
+      copy_bytes(paged_base + paged_slot_offset(g, r.slot + k, seg),
+                 chunk_base + chunk_offset(g, r.row + k, seg),
+                 run_span_bytes(g, 1), to_chunk);
+    }
+  }
+}
+
+}  // namespace
+
+int64_t row_job_bytes(const RowJob& job) {
+  int64_t per_layer = 0;
+  std::vector<Run> runs;
+  for (size_t p = 0; p < job.planes.size(); ++p) {
+    runs.clear();
+    collect_runs(static_cast<int64_t>(p), job.planes[p], runs);
+    for (const Run& r : runs) per_layer += r.n * row_bytes(job.planes[p].geom);
+  }
+  return per_layer * job.num_layers;
+}
+
+void run_row_job(const RowJob& job) {
+  const int64_t num_planes = static_cast<int64_t>(job.planes.size());
+  std::vector<Run> runs;
+  int64_t run_bytes = 0;
+  for (int64_t p = 0; p < num_planes; ++p) {
+    const size_t before = runs.size();
+    collect_runs(p, job.planes[p], runs);
+    for (size_t k = before; k < runs.size(); ++k) {
+      run_bytes += runs[k].n * row_bytes(job.planes[p].geom);
+    }
+  }
+  const int64_t per_layer = static_cast<int64_t>(runs.size());
+  const int64_t total = per_layer * job.num_layers;
+  if (total == 0) return;
+  const int64_t avg = std::max<int64_t>(1, run_bytes / per_layer);
+  const int64_t grain = std::max<int64_t>(1, kTaskBytes / avg);
+  at::parallel_for(0, total, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t layer = item / per_layer;
+      const Run& r = runs[item % per_layer];
+      const int64_t idx = layer * num_planes + r.plane;
+      copy_run(job.planes[r.plane].geom, job.paged_base[idx],
+               job.chunk_base[idx], r, job.to_chunk);
+    }
+  });
+}
+
+void run_memcpy_list(const std::vector<uint8_t*>& dst,
+                     const std::vector<const uint8_t*>& src,
+                     const std::vector<int64_t>& sizes) {
+  // Split big copies into kMaxItemBytes pieces so that one large buffer
+  // still uses every thread.
+  struct Piece {
+    uint8_t* dst;
+    const uint8_t* src;
+    int64_t n;
+  };
+  std::vector<Piece> pieces;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    for (int64_t off = 0; off < sizes[i]; off += kMaxItemBytes) {
+      pieces.push_back(Piece{dst[i] + off, src[i] + off,
+                             std::min<int64_t>(kMaxItemBytes, sizes[i] - off)});
+    }
+  }
+  const int64_t n = static_cast<int64_t>(pieces.size());
+  if (n == 0) return;
+  int64_t total_bytes = 0;
+  for (const Piece& p : pieces) total_bytes += p.n;
+  const int64_t grain = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(1, total_bytes / n));
+  at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      std::memcpy(pieces[i].dst, pieces[i].src, static_cast<size_t>(pieces[i].n));
+    }
+  });
+}
+
+}  // namespace lmca::cpu

@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Build lmcache_ascend.ops with CMake (see CMakeLists.txt).
+
+Metadata lives in pyproject.toml; this file only adds the CMake-driven
+extension.  The CMake build tree is kept under build/ so that rebuilds
+(including `pip install -e .`) only recompile what changed.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+ROOT = Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name: str) -> None:
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext: Extension) -> None:
+        if not isinstance(ext, CMakeExtension):
+            super().build_extension(ext)
+            return
+        import torch.utils  # build requirement; its CMake package is used
+
+        out = Path(self.get_ext_fullpath(ext.name)).resolve()
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+        build_dir = ROOT / "build" / f"cmake-{tag}"
+        build_dir.mkdir(parents=True, exist_ok=True)
+        build_type = os.environ.get("LMCA_BUILD_TYPE", "Release")
+        cmake = _tool("cmake")
+        configure = [
+            cmake,
+            "-S",
+            str(ROOT),
+            "-B",
+            str(build_dir),
+            f"-DCMAKE_BUILD_TYPE={build_type}",
+            f"-DPython3_EXECUTABLE={sys.executable}",
+            f"-DLMCA_TORCH_CMAKE_PREFIX={torch.utils.cmake_prefix_path}",
+            f"-DLMCA_OUTPUT_DIR={out.parent}",
+            f"-DLMCA_OUTPUT_NAME={out.name}",
+        ]
+        ninja = _tool("ninja")
+        if not (build_dir / "CMakeCache.txt").exists() and ninja != "ninja":
+            configure += ["-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}"]
+        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL", str(os.cpu_count() or 1))
+        subprocess.run(configure, check=True)
+        subprocess.run(
+            [cmake, "--build", str(build_dir), "--config", build_type, "-j", jobs],
+            check=True,
+        )
+
+
+def _tool(name: str) -> str:
+    """The build tool next to this interpreter (venv), else from PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    return shutil.which(name) or name
+
+
+setup(
+    ext_modules=[CMakeExtension("lmcache_ascend.ops")],
+    cmdclass={"build_ext": CMakeBuild},
+)
