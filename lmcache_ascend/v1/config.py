@@ -1,0 +1,245 @@
+"""lmcache-ascend's LMCache config keys: registered, typed and validated.
+
+The keys live in LMCache's own config (``LMCacheEngineConfig``), so they are
+set like every other LMCache key: yaml (``LMCACHE_CONFIG_FILE``), environment
+(``LMCACHE_`` + key upper-cased, e.g. ``LMCACHE_ASCEND_BUNDLE_MULTI_SPEC``) and
+``kv_connector_extra_config`` (``lmcache.<key>``). This module never reads
+``os.environ`` itself; LMCache does.
+
+LMCache 0.5.6 builds ``LMCacheEngineConfig`` as a dataclass at import time
+from ``lmcache.v1.config._CONFIG_DEFINITIONS``, and about sixty modules import
+that class object. :func:`register_config_keys` therefore adds our entries to
+the definitions dict (the class's loaders iterate that same dict) and widens
+the existing class in place, so every importer sees the new fields.
+
+Imports LMCache lazily: building an :class:`AscendConfig` needs no LMCache.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+# vLLM-Ascend v0.18 DeepSeek-V4 state specs (compressor / score buffers) that
+# prefix reuse does not need, per the upstream multi-group design; the first
+# three are named there, the rest follow its C4/C128 x KV/score pattern.
+DSV4_ASCEND_V018_STATE_SPECS: tuple[str, ...] = (
+    "C4AttnKVState",
+    "C4IndexerKVState",
+    "C128AttnScoreState",
+    "C4AttnScoreState",
+    "C4IndexerScoreState",
+    "C128AttnKVState",
+)
+# vLLM >= 0.20 DeepSeek-V4: compressor state caches are SlidingWindowMLASpec
+# groups (block 4 / 8) whose spec class is shared with real SWA layers, so they
+# are recognised by layer name instead.
+DSV4_V020_STATE_LAYER_SUFFIXES: tuple[str, ...] = (".compressor.state_cache",)
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+class ConfigValueError(Exception):
+    """A bad value for one of our keys.
+
+    Deliberately not a ``ValueError``: LMCache's loaders swallow ValueError
+    from converters and silently fall back to ``None``; a bad flag must stop
+    startup instead.
+    """
+
+
+def _to_bool(key: str) -> Callable[[Any], bool]:
+    def convert(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, int) and value in (0, 1):
+            return bool(value)
+        text = str(value).strip().lower()
+        if text in _TRUE:
+            return True
+        if text in _FALSE:
+            return False
+        raise ConfigValueError(
+            f"config key {key!r}: invalid value {value!r}; valid: true/false "
+            f"(also {'/'.join(_TRUE[1:])} or {'/'.join(_FALSE[1:])})"
+        )
+
+    return convert
+
+
+def _to_names(key: str) -> Callable[[Any], tuple[str, ...]]:
+    def convert(value: Any) -> tuple[str, ...]:
+        items: Iterable[Any]
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    items = json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ConfigValueError(
+                        f"config key {key!r}: invalid JSON list {value!r}: {exc}"
+                    ) from None
+                if not isinstance(items, list):
+                    raise ConfigValueError(f"config key {key!r}: {value!r} is not a list")
+            else:
+                items = text.split(",") if text else []
+        elif isinstance(value, (list, tuple)):
+            items = value
+        else:
+            raise ConfigValueError(
+                f"config key {key!r}: invalid value {value!r}; valid: a list of "
+                "names, a comma-separated string or a JSON list"
+            )
+        out = []
+        for item in items:
+            if not isinstance(item, str):
+                raise ConfigValueError(
+                    f"config key {key!r}: entry {item!r} in {value!r} is not a string"
+                )
+            if item.strip():
+                out.append(item.strip())
+        return tuple(out)
+
+    return convert
+
+
+@dataclass(frozen=True)
+class _KeySpec:
+    key: str
+    type_: type
+    default: Any
+    convert: Callable[[Any], Any]
+    description: str
+
+
+_KEYS: tuple[_KeySpec, ...] = (
+    _KeySpec(
+        "ascend_bundle_multi_spec",
+        bool,
+        True,
+        _to_bool("ascend_bundle_multi_spec"),
+        "Move every plane of a multi-plane layer with one multi-plane op call per "
+        "kernel group and chunk; false = one call per homogeneous plane group.",
+    ),
+    _KeySpec(
+        "ascend_flatten_multi_spec",
+        bool,
+        True,
+        _to_bool("ascend_flatten_multi_spec"),
+        "Accept layers that several scheduler groups address (multi-spec layers, "
+        "e.g. DeepSeek-V4 on vLLM-Ascend); false refuses them at plan time.",
+    ),
+    _KeySpec(
+        "ascend_skip_state_groups",
+        bool,
+        True,
+        _to_bool("ascend_skip_state_groups"),
+        "Neither store nor load the groups matched by the two skip lists.",
+    ),
+    _KeySpec(
+        "ascend_skip_state_spec_allowlist",
+        tuple,
+        DSV4_ASCEND_V018_STATE_SPECS,
+        _to_names("ascend_skip_state_spec_allowlist"),
+        "KV cache spec class names whose groups are skipped.",
+    ),
+    _KeySpec(
+        "ascend_skip_state_layer_suffixes",
+        tuple,
+        DSV4_V020_STATE_LAYER_SUFFIXES,
+        _to_names("ascend_skip_state_layer_suffixes"),
+        "Layer-name suffixes; a group all of whose layers end with one is skipped.",
+    ),
+)
+KEY_NAMES: tuple[str, ...] = tuple(k.key for k in _KEYS)
+
+
+@dataclass(frozen=True)
+class AscendConfig:
+    """Our settings, read once from an LMCache config."""
+
+    bundle_multi_spec: bool = True
+    flatten_multi_spec: bool = True
+    skip_state_groups: bool = True
+    skip_state_spec_allowlist: tuple[str, ...] = DSV4_ASCEND_V018_STATE_SPECS
+    skip_state_layer_suffixes: tuple[str, ...] = DSV4_V020_STATE_LAYER_SUFFIXES
+
+    def __post_init__(self) -> None:
+        # Re-run the converters so a hand-built config is validated the same
+        # way as one read from yaml or the environment.
+        for spec in _KEYS:
+            field = spec.key.removeprefix("ascend_")
+            object.__setattr__(self, field, spec.convert(getattr(self, field)))
+
+    @classmethod
+    def from_lmcache(cls, config: Any) -> "AscendConfig":
+        """Read our keys from an ``LMCacheEngineConfig`` (defaults where absent).
+
+        Values set directly with ``setattr`` bypass LMCache's converters, so
+        every value is validated again here.
+        """
+        values = {}
+        for spec in _KEYS:
+            raw = getattr(config, spec.key, spec.default)
+            values[spec.key.removeprefix("ascend_")] = spec.default if raw is None else raw
+        return cls(**values)
+
+
+_register_lock = threading.Lock()
+
+
+def register_config_keys() -> None:
+    """Add our keys to LMCache's config definitions and config class.
+
+    Idempotent and thread-safe; call it before LMCache loads its config (the
+    package's connector entry does). Configs created earlier get the defaults
+    through class attributes.
+    """
+    from lmcache.v1 import config as lmc_config
+    from lmcache.v1.config_base import create_config_class
+
+    with _register_lock:
+        defs = lmc_config._CONFIG_DEFINITIONS
+        for spec in _KEYS:
+            defs.setdefault(
+                spec.key,
+                {
+                    "type": spec.type_,
+                    "default": spec.default,
+                    "env_converter": spec.convert,
+                    "description": spec.description,
+                },
+            )
+        cls = lmc_config.LMCacheEngineConfig
+        if all(k in cls.__dataclass_fields__ for k in KEY_NAMES):
+            return
+        # A throw-away class built from the widened definitions supplies the
+        # dataclass machinery (fields, __init__, __repr__, __eq__); moving it
+        # onto the existing class keeps `isinstance` and every import valid.
+        # The loaders (from_file/from_env/from_dict/update_config_from_env)
+        # already iterate `defs`, the same dict object.
+        wide = create_config_class(
+            config_name=cls.__name__,
+            config_definitions=defs,
+            config_aliases=getattr(lmc_config, "_CONFIG_ALIASES", None),
+            deprecated_configs=getattr(lmc_config, "_DEPRECATED_CONFIGS", None),
+        )
+        for attr in ("__init__", "__repr__", "__eq__", "__dataclass_fields__", "__match_args__"):
+            if attr in wide.__dict__:
+                setattr(cls, attr, wide.__dict__[attr])
+        for spec in _KEYS:
+            setattr(cls, spec.key, spec.default)
+
+
+def config_key_specs() -> tuple[tuple[str, str, Any, str], ...]:
+    """(key, type name, default, description) for docs and ``explain``."""
+    return tuple((k.key, k.type_.__name__, k.default, k.description) for k in _KEYS)
+
+
+def replace(config: AscendConfig, **changes: Any) -> AscendConfig:
+    """``dataclasses.replace`` with validation (tests and benches)."""
+    return dataclasses.replace(config, **changes)
