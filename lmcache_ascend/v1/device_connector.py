@@ -1,0 +1,223 @@
+"""Moves one chunk between vLLM's paged KV and a flat chunk buffer.
+
+The buffer (an LMCache MemoryObj's bytes) holds every kernel group of the
+plan at its offset. Per chunk and kernel group this makes exactly one op
+call: ``multi_plane_kv_transfer`` (row planes, and page planes expressed as
+one-row blocks) or ``block_page_transfer`` (a single page plane). Addressing
+comes from ``slot_mapping``: -1 entries are neither read nor written.
+
+The ops module is a constructor argument; by default the compiled
+``lmcache_ascend.ops`` is imported on first use, so importing this module
+needs neither the extension nor vLLM.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import numpy as np
+import torch
+
+from lmcache_ascend.v1.flatten import PlaneAddressing
+from lmcache_ascend.v1.groups import SKIP, ChunkRequest, Granularity
+from lmcache_ascend.v1.planner import KernelGroup, KernelOp, TransferPlan
+from lmcache_ascend.v1.slot_mapping import GroupAddress, chunk_pages, chunk_rows
+
+_TABLE_CACHE_LIMIT = 256
+
+
+@dataclass(frozen=True)
+class GroupMissing:
+    """Needed positions of a group that had no real block (null block 0 or
+    past the block table)."""
+
+    group: int
+    positions: int
+
+
+@dataclass(frozen=True)
+class StoreResult:
+    stored: bool  # False: nothing was copied (a group was incomplete)
+    incomplete: tuple[GroupMissing, ...]
+    op_calls: int
+    nbytes: int
+
+    @property
+    def incomplete_group(self) -> Optional[int]:
+        return self.incomplete[0].group if self.incomplete else None
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    op_calls: int
+    nbytes: int
+    missing: tuple[GroupMissing, ...]  # positions vLLM gave no real block (left alone)
+
+
+@dataclass(frozen=True)
+class _KernelCall:
+    """Per kernel group tensors that do not change from chunk to chunk."""
+
+    group: KernelGroup
+    ptrs: torch.Tensor  # int64 [L*P] (MULTI_PLANE) or [L] (BLOCK_PAGE)
+    block_sizes: torch.Tensor
+    strides: torch.Tensor
+    row_bytes: torch.Tensor
+    num_blocks: torch.Tensor
+    slot_offsets: torch.Tensor  # int64 [P+1]
+
+    @classmethod
+    def build(cls, kg: KernelGroup) -> "_KernelCall":
+        first = kg.planes[0]
+        kernel_rows = [1 if p.granularity is Granularity.PAGE else p.block_size for p in first]
+        counts = [a.rows_per_chunk for a in kg.addressing]
+
+        def i64(values: Sequence[int]) -> torch.Tensor:
+            return torch.tensor(list(values), dtype=torch.int64)
+
+        return cls(
+            group=kg,
+            ptrs=i64(p.data_ptr for planes in kg.planes for p in planes),
+            block_sizes=i64(kernel_rows),
+            strides=i64(p.block_stride_bytes for p in first),
+            row_bytes=i64(p.row_bytes for p in first),
+            num_blocks=i64(p.num_blocks for p in first),
+            slot_offsets=i64(np.concatenate([[0], np.cumsum(counts)]).tolist()),
+        )
+
+
+def _check_chunk(chunk: torch.Tensor, need: int) -> None:
+    if chunk.dtype != torch.uint8 or chunk.ndim != 1 or not chunk.is_contiguous():
+        raise ValueError(
+            f"chunk buffer must be a 1-D contiguous uint8 tensor, got {chunk.dtype} "
+            f"shape {tuple(chunk.shape)}"
+        )
+    if chunk.numel() < need:
+        raise ValueError(f"chunk buffer holds {chunk.numel()} bytes; the plan needs {need}")
+
+
+class ChunkTransfer:
+    """Store / load chunks of one worker's KV caches according to a plan."""
+
+    def __init__(self, plan: TransferPlan, ops: Any = None) -> None:
+        self.plan = plan
+        self._ops = ops
+        self.op_calls = 0  # total op calls made (tests: calls per chunk)
+        self._groups = {g.index: g for g in plan.groups}
+        self._calls = tuple(_KernelCall.build(kg) for kg in plan.kernel_groups)
+        keys: dict[PlaneAddressing, None] = {}
+        for kg in plan.kernel_groups:
+            keys.update(dict.fromkeys(kg.addressing))
+        self._keys = tuple(keys)
+        self._tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+
+    @property
+    def ops(self) -> Any:
+        if self._ops is None:
+            try:
+                self._ops = importlib.import_module("lmcache_ascend.ops")
+            except ImportError as exc:
+                raise ImportError(
+                    "lmcache_ascend.ops (the native transfer ops) is not built; build the "
+                    "package or pass ops= (e.g. lmcache_ascend.v1.reference_ops)"
+                ) from exc
+        return self._ops
+
+    # ---- addressing -------------------------------------------------------
+
+    def _table(self, req: ChunkRequest, group: int) -> Any:
+        try:
+            table = req.block_ids[group]
+        except IndexError:
+            raise ValueError(
+                f"chunk request has block ids for {len(req.block_ids)} groups; the plan "
+                f"stores group {group}"
+            ) from None
+        if not isinstance(table, tuple):
+            return table  # a mutable list may change between calls: no caching
+        hit = self._tables.get(id(table))
+        if hit is not None and hit[0] is table:
+            return hit[1]
+        if len(self._tables) >= _TABLE_CACHE_LIMIT:
+            self._tables.clear()
+        arr = np.asarray(table, dtype=np.int64)
+        self._tables[id(table)] = (table, arr)  # keeps `table` alive: id stays unique
+        return arr
+
+    def _address(self, key: PlaneAddressing, req: ChunkRequest) -> GroupAddress:
+        group = key.group_view(self._groups[key.sched_group])
+        table = self._table(req, key.sched_group)
+        size = self.plan.chunk_size
+        if key.granularity is Granularity.ROW:
+            return chunk_rows(group, table, req.start, req.end, size, rows_per_block=key.manager_rows)
+        addr = chunk_pages(group, table, req.start, req.end, size)
+        if key.kernel_split == 1:
+            return addr
+        # vLLM split each scheduler block into `kernel_split` kernel pages.
+        s = key.kernel_split
+        ids = addr.ids[:, None] * s + np.arange(s, dtype=np.int64)[None, :]
+        ids = np.where(addr.ids[:, None] >= 0, ids, SKIP).reshape(-1)
+        return GroupAddress(ids=ids, missing=addr.missing * s)
+
+    def addresses(self, req: ChunkRequest) -> dict[PlaneAddressing, GroupAddress]:
+        return {key: self._address(key, req) for key in self._keys}
+
+    @staticmethod
+    def _missing(addrs: dict[PlaneAddressing, GroupAddress]) -> tuple[GroupMissing, ...]:
+        per_group: dict[int, int] = {}
+        for key, addr in addrs.items():
+            if addr.missing:
+                per_group[key.sched_group] = max(per_group.get(key.sched_group, 0), addr.missing)
+        return tuple(GroupMissing(g, n) for g, n in sorted(per_group.items()))
+
+    def incomplete_groups(self, req: ChunkRequest) -> tuple[int, ...]:
+        """Stored groups with needed positions lacking a real block: such a
+        chunk must not be stored (it would persist garbage)."""
+        return tuple(m.group for m in self._missing(self.addresses(req)))
+
+    # ---- transfers --------------------------------------------------------
+
+    def _run(self, chunk: torch.Tensor, addrs: dict[PlaneAddressing, GroupAddress], to_chunk: bool) -> int:
+        ops = self.ops
+        calls = 0
+        for call in self._calls:
+            kg = call.group
+            region = chunk[kg.offset : kg.offset + kg.nbytes]
+            ids = np.concatenate([addrs[a].ids for a in kg.addressing])
+            if to_chunk and (ids < 0).any():
+                region.zero_()  # rows nobody writes must not carry stale bytes
+            slots = torch.from_numpy(ids)
+            if kg.op is KernelOp.BLOCK_PAGE:
+                p = kg.planes[0][0]
+                ops.block_page_transfer(
+                    region, call.ptrs, p.row_bytes, p.block_stride_bytes, p.num_blocks, slots, to_chunk
+                )
+            else:
+                ops.multi_plane_kv_transfer(
+                    region, call.ptrs, call.block_sizes, call.strides, call.row_bytes,
+                    call.num_blocks, slots, call.slot_offsets, to_chunk, kg.num_layers,
+                )
+            calls += 1
+        self.op_calls += calls
+        return calls
+
+    def store(self, chunk: torch.Tensor, req: ChunkRequest) -> StoreResult:
+        """Paged KV -> chunk buffer. Copies nothing if any stored group lacks
+        a real block for a needed position."""
+        _check_chunk(chunk, self.plan.chunk_bytes)
+        addrs = self.addresses(req)
+        missing = self._missing(addrs)
+        if missing:
+            return StoreResult(False, missing, 0, 0)
+        calls = self._run(chunk, addrs, to_chunk=True)
+        return StoreResult(True, (), calls, self.plan.chunk_bytes)
+
+    def load(self, chunk: torch.Tensor, req: ChunkRequest) -> LoadResult:
+        """Chunk buffer -> paged KV. Positions without a real block (and
+        skipped groups) are left alone."""
+        _check_chunk(chunk, self.plan.chunk_bytes)
+        addrs = self.addresses(req)
+        calls = self._run(chunk, addrs, to_chunk=False)
+        return LoadResult(calls, self.plan.chunk_bytes, self._missing(addrs))
