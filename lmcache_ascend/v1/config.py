@@ -17,7 +17,6 @@ Imports LMCache lazily: building an :class:`AscendConfig` needs no LMCache.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -239,7 +238,3 @@ def config_key_specs() -> tuple[tuple[str, str, Any, str], ...]:
     """(key, type name, default, description) for docs and ``explain``."""
     return tuple((k.key, k.type_.__name__, k.default, k.description) for k in _KEYS)
 
-
-def replace(config: AscendConfig, **changes: Any) -> AscendConfig:
-    """``dataclasses.replace`` with validation (tests and benches)."""
-    return dataclasses.replace(config, **changes)

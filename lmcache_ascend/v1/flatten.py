@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 from lmcache_ascend.v1.groups import GroupKind, Granularity, Plane, SchedulerGroup
 from lmcache_ascend.v1.kv_format import (
@@ -277,10 +277,3 @@ def group_entries(entries: Sequence[FlatEntry]) -> tuple[tuple[FlatEntry, ...], 
         buckets.setdefault(e.key, []).append(e)
     return tuple(tuple(v) for v in buckets.values())
 
-
-def first_plane_of(layers: Sequence[LayerPlanes], group: int) -> Optional[PlacedPlane]:
-    for layer in layers:
-        for p in layer.stored:
-            if p.addressing.sched_group == group:
-                return p
-    return None

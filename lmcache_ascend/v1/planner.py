@@ -33,7 +33,6 @@ from lmcache_ascend.v1.groups import Granularity, Plane, SchedulerGroup
 from lmcache_ascend.v1.kv_format import LayerEntry, LayoutHints
 from lmcache_ascend.v1.state_skip import (
     SkippedGroup,
-    SkipReason,
     skipped_groups,
     unrestorable_groups,
 )
@@ -116,12 +115,34 @@ class GroupSizing:
 
 
 @dataclass(frozen=True)
+class PlaneSummary:
+    element: int
+    group: int
+    dtype: str
+    granularity: str
+    block_size: int  # ROW: rows per block; PAGE: tokens per page
+    row_bytes: int  # ROW: bytes per row; PAGE: bytes per page
+    block_stride_bytes: int
+    stored: bool
+
+
+@dataclass(frozen=True)
 class LayerSummary:
     name: str
     format: str
     element_groups: tuple[int, ...]
-    stored_planes: int
-    unstored_planes: int
+    planes: tuple[PlaneSummary, ...]
+
+    @staticmethod
+    def of(lp: LayerPlanes) -> "LayerSummary":
+        def one(p: Plane, stored: bool) -> PlaneSummary:
+            return PlaneSummary(
+                p.plane_index, p.sched_group, p.dtype_name, p.granularity.value,
+                p.block_size, p.row_bytes, p.block_stride_bytes, stored,
+            )
+
+        planes = [one(p.plane, True) for p in lp.stored] + [one(p, False) for p in lp.unstored]
+        return LayerSummary(lp.layer_name, lp.format.value, lp.element_groups, tuple(planes))
 
 
 @dataclass(frozen=True)
@@ -168,6 +189,14 @@ class PlanDescription:
                 f"  g{g.group:<2} {g.kind:<7} {g.spec_name:<24} "
                 f"{'stored    ' if g.stored else 'not stored'} {g.planned_bytes:>10} / {g.naive_bytes}"
             )
+        formats: dict[str, int] = {}
+        for layer in self.layers:
+            formats[layer.format] = formats.get(layer.format, 0) + 1
+        lines.append(
+            f"layers: {len(self.layers)} ("
+            + ", ".join(f"{n} {f}" for f, n in formats.items())
+            + "; per-plane detail in to_json())"
+        )
         lines.append("kernel groups:")
         for k in self.kernel_groups:
             lines.append(
@@ -273,8 +302,7 @@ class TransferPlan:
                 for g in self.groups
             ),
             layers=tuple(
-                LayerSummary(lp.layer_name, lp.format.value, lp.element_groups, len(lp.stored), len(lp.unstored))
-                for lp in self.layers
+                LayerSummary.of(lp) for lp in self.layers
             ),
             kernel_groups=tuple(
                 KernelGroupSummary(
@@ -386,6 +414,3 @@ def _kernel_groups(entries: Sequence[FlatEntry]) -> tuple[KernelGroup, ...]:
         offset += nbytes
     return tuple(out)
 
-
-def skip_reason_names() -> tuple[str, ...]:
-    return tuple(r.value for r in SkipReason)

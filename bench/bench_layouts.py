@@ -1,0 +1,172 @@
+"""Per KV layout: bytes per chunk per group (planned vs naive sizing), op
+calls per chunk (bundled vs exploded) and store / load GB/s of the whole
+worker path (ChunkTransfer: addressing + op calls), on this machine.
+
+The layouts are the test fixtures (tests/fixtures/layouts.py), with their
+decoder layers replicated to a realistic depth. Prints markdown tables.
+
+    python bench/bench_layouts.py [--repeat N] [--ops native|reference] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from fixtures import layouts as L  # noqa: E402
+
+from lmcache_ascend.v1.config import AscendConfig  # noqa: E402
+from lmcache_ascend.v1.device_connector import ChunkTransfer  # noqa: E402
+from lmcache_ascend.v1.groups import ChunkRequest  # noqa: E402
+from lmcache_ascend.v1.kv_format import LayoutHints  # noqa: E402
+from lmcache_ascend.v1.planner import build_plan  # noqa: E402
+
+# (fixture, copies of its layers): roughly the depth of the real model.
+# DeepSeek-V4 at LMCache chunk 1024, the upstream deployment's setting.
+CASES = (
+    (L.dsv4_ascend_v018(chunk_size=1024, tokens=2048), 10),  # 60 layers
+    (L.dsv4_vllm_v020(chunk_size=1024, tokens=2048), 15),  # 60 decoder layers
+    (L.dsv4_vllm_v020(store_state=True, chunk_size=1024, tokens=2048), 15),
+    (L.dsa(), 20),  # DSv3.2 / GLM-5: ~60 layers
+    (L.dsa(c8=True), 20),
+    (L.vllm_cpu(), 8),
+    (L.generic(hnd=False), 8),
+    (L.generic(hnd=True), 8),
+)
+
+
+def replicate(layout: L.Layout, copies: int) -> tuple[L.Layout, list]:
+    """``layout`` with ``copies`` renamed copies of every layer."""
+
+    def names(k: int, seq):
+        return tuple(f"r{k}.{n}" for n in seq)
+
+    groups = tuple(
+        dataclasses.replace(g, layer_names=sum((names(k, g.layer_names) for k in range(copies)), ()))
+        for g in layout.groups
+    )
+    h = layout.hints
+    hints = LayoutHints(
+        kv_layout=h.kv_layout,
+        opaque_pages=h.opaque_pages,
+        plane_groups={f"r{k}.{n}": v for k in range(copies) for n, v in h.plane_groups.items()},
+        layer_compress_ratio={f"r{k}.{n}": v for k in range(copies) for n, v in h.layer_compress_ratio.items()},
+    )
+    keep = []  # builds own the memory
+
+    def build(fill: bool) -> L.Built:
+        out = L.Built({}, [])
+        for k in range(copies):
+            b = layout.build(fill)
+            keep.append(b)
+            out.backing += b.backing
+            out.kv_caches.update({f"r{k}.{n}": e for n, e in b.kv_caches.items()})
+        return out
+
+    return dataclasses.replace(layout, groups=groups, hints=hints, build=build), keep
+
+
+def measure(xfer: ChunkTransfer, reqs, buffers, repeat: int, store: bool) -> float:
+    fn = xfer.store if store else xfer.load
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for req, buf in zip(reqs, buffers):
+            fn(buf, req)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def bench_case(layout: L.Layout, copies: int, ops, repeat: int) -> dict:
+    big, _keep = replicate(layout, copies)
+    built = big.build(True)
+    tables = L.block_tables(big)
+    reqs = [ChunkRequest(s, s + big.chunk_size, tables) for s in range(0, big.num_tokens, big.chunk_size)]
+    out = {"layout": layout.name, "entries": len(built.kv_caches), "chunk_size": big.chunk_size}
+    for mode, bundle in (("bundled", True), ("exploded", False)):
+        config = dataclasses.replace(big.config, bundle_multi_spec=bundle)
+        plan = build_plan(built.kv_caches, big.groups, big.chunk_size, config, big.hints)
+        xfer = ChunkTransfer(plan, ops)
+        buffers = [torch.empty(plan.chunk_bytes, dtype=torch.uint8) for _ in reqs]
+        for req, buf in zip(reqs, buffers):  # warm-up and correctness of the store
+            assert xfer.store(buf, req).stored
+        total = plan.chunk_bytes * len(reqs)
+        t_store = measure(xfer, reqs, buffers, repeat, store=True)
+        t_load = measure(xfer, reqs, buffers, repeat, store=False)
+        out[mode] = {
+            "op_calls_per_chunk": plan.op_calls_per_chunk,
+            "chunk_bytes": plan.chunk_bytes,
+            "store_gbps": total / t_store / 1e9,
+            "load_gbps": total / t_load / 1e9,
+            "us_per_chunk_store": t_store / len(reqs) * 1e6,
+        }
+        if bundle:
+            d = plan.describe()
+            out["groups"] = [dataclasses.asdict(g) for g in d.groups]
+            out["naive_bytes"] = sum(g.naive_bytes for g in d.groups)
+    return out
+
+
+def fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024 or unit == "MiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def print_markdown(results: list[dict], ops_name: str) -> None:
+    print(f"ops: {ops_name}; {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} torch threads\n")
+    print("| layout | layer entries | chunk | bytes/chunk planned | naive | ratio | op calls bundled / exploded "
+          "| store GB/s bundled / exploded | load GB/s bundled / exploded |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        b, e = r["bundled"], r["exploded"]
+        print(
+            f"| {r['layout']} | {r['entries']} | {r['chunk_size']} | {fmt_bytes(b['chunk_bytes'])} | "
+            f"{fmt_bytes(r['naive_bytes'])} | {r['naive_bytes'] / b['chunk_bytes']:.2f}x | "
+            f"{b['op_calls_per_chunk']} / {e['op_calls_per_chunk']} | "
+            f"{b['store_gbps']:.2f} / {e['store_gbps']:.2f} | {b['load_gbps']:.2f} / {e['load_gbps']:.2f} |"
+        )
+    print("\nPer group, bytes per chunk (planned / naive):\n")
+    for r in results:
+        cells = ", ".join(
+            f"g{g['group']} {g['kind']}{'' if g['stored'] else ' (not stored)'} "
+            f"{fmt_bytes(g['planned_bytes'])} / {fmt_bytes(g['naive_bytes'])}"
+            for g in r["groups"]
+        )
+        print(f"- {r['layout']}: {cells}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--ops", choices=("native", "reference"), default="native")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.ops == "native":
+        ops = importlib.import_module("lmcache_ascend.ops")
+    else:
+        ops = importlib.import_module("lmcache_ascend.v1.reference_ops")
+    results = [bench_case(layout, copies, ops, args.repeat) for layout, copies in CASES]
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print_markdown(results, args.ops)
+    AscendConfig()  # keep the import honest: defaults are what was measured
+
+
+if __name__ == "__main__":
+    main()
