@@ -120,3 +120,20 @@ def test_hnd_bundled_is_one_call_for_all_heads(ops):
     assert xfer.store(buf, ChunkRequest(0, 32, ((3, 5),))).op_calls == 1
     rows = buf.view(torch.int16).view(2, 4, 32, 8)  # K/V, head, token, hs
     assert torch.equal(rows[1, 2, 16:], phys[1, 5, 2])
+
+
+def test_planning_modules_import_neither_vllm_nor_native_ops():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import lmcache_ascend.v1.device_connector, lmcache_ascend.v1.planner\n"
+        "import lmcache_ascend.v1.config, lmcache_ascend.v1.reference_ops\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'lmcache_ascend.ops']\n"
+        "assert not bad, bad\n"
+    )
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=root)
