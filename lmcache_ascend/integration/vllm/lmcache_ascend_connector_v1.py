@@ -1,0 +1,171 @@
+"""Entry point: ``LMCacheAscendConnectorV1Dynamic``.
+
+A thin role bridge. vLLM builds one instance in the scheduler process
+(role SCHEDULER) and one per worker (role WORKER); each delegates to its
+half. Subclassing ``SupportsHMA`` keeps vLLM's hybrid KV cache manager on,
+so every KV cache group's block ids reach us.
+
+Use it with::
+
+    --kv-transfer-config '{"kv_connector":"LMCacheAscendConnectorV1Dynamic",
+      "kv_role":"kv_both",
+      "kv_connector_module_path":"lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1"}'
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    SupportsHMA,
+)
+
+from lmcache_ascend.integration.vllm import vllm_layout
+from lmcache_ascend.integration.vllm.transfer_meta import StepTransfers
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = logging.getLogger(__name__)
+
+_VALID_ROLES = ("kv_both", "kv_producer", "kv_consumer")
+
+
+class AscendConnectorMetadata(KVConnectorMetadata):
+    """Carries one step's ``StepTransfers`` from scheduler to workers."""
+
+    def __init__(self, transfers: StepTransfers) -> None:
+        self.transfers = transfers
+
+
+class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
+    def __init__(
+        self,
+        vllm_config: "VllmConfig",
+        role: KVConnectorRole,
+        kv_cache_config: "KVCacheConfig",
+    ) -> None:
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        kv_role = self._kv_transfer_config.kv_role
+        if kv_role not in _VALID_ROLES:
+            raise ValueError(
+                f"LMCacheAscendConnectorV1Dynamic: kv_role={kv_role!r} is not valid; "
+                f"use one of {list(_VALID_ROLES)}"
+            )
+        # kv_producer only stores, kv_consumer only loads.
+        self._may_load = kv_role in ("kv_both", "kv_consumer")
+        self._may_store = kv_role in ("kv_both", "kv_producer")
+        self._scheduler = None
+        self._lookup_client = None
+        self._worker = None
+        self._lookup_server = None
+        self.plan = None
+        if role == KVConnectorRole.SCHEDULER:
+            from lmcache_ascend.integration.vllm.runtime import build_scheduler_half
+
+            self._scheduler, self._lookup_client = build_scheduler_half(
+                vllm_config, kv_cache_config
+            )
+
+    # ==== worker side =====================================================
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from lmcache_ascend.integration.vllm.runtime import build_worker_half
+
+        self._worker, self.plan, self._lookup_server = build_worker_half(
+            self._vllm_config, self._kv_cache_config, kv_caches
+        )
+
+    def _step(self) -> Optional[StepTransfers]:
+        if not self.has_connector_metadata():
+            return None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, AscendConnectorMetadata)
+        return meta.transfers
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        step = self._step()
+        if step is None or self._worker is None:
+            return
+        if self._may_load:
+            self._worker.start_load(step)
+        self._worker.release(step)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: Any,
+        **kwargs: Any,
+    ) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        step = self._step()
+        if step is None or self._worker is None or not self._may_store:
+            return
+        self._worker.save(step)
+
+    def get_finished(
+        self, finished_req_ids: set[str]
+    ) -> tuple[Optional[set[str]], Optional[set[str]]]:
+        # Loads and stores complete inside the step that issues them.
+        return None, None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        if self._worker is None:
+            return set()
+        return self._worker.take_load_errors()
+
+    def shutdown(self) -> None:
+        from lmcache_ascend.integration.vllm.shutdown import close_quietly
+
+        close_quietly(self)
+
+    # ==== scheduler side ==================================================
+
+    def get_num_new_matched_tokens(
+        self, request: "Request", num_computed_tokens: int
+    ) -> tuple[Optional[int], bool]:
+        assert self._scheduler is not None
+        view = vllm_layout.request_view(request)
+        if not self._may_load:
+            self._scheduler.get_num_new_matched_tokens(view, view.num_tokens)
+            return 0, False
+        return self._scheduler.get_num_new_matched_tokens(view, num_computed_tokens)
+
+    def update_state_after_alloc(
+        self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int
+    ) -> None:
+        assert self._scheduler is not None
+        self._scheduler.update_state_after_alloc(request.request_id, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        transfers = self._scheduler.build(vllm_layout.step_view(scheduler_output))
+        return AscendConnectorMetadata(transfers)
+
+    def request_finished(
+        self, request: "Request", block_ids: list[int]
+    ) -> tuple[bool, Optional[dict[str, Any]]]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request.request_id)
+
+    def request_finished_all_groups(
+        self, request: "Request", block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, Optional[dict[str, Any]]]:
+        assert self._scheduler is not None
+        return self._scheduler.request_finished(request.request_id)

@@ -1,0 +1,198 @@
+"""Builds the scheduler and worker halves from a vLLM config.
+
+Everything that needs both LMCache and vLLM knowledge is wired here, so the
+entry class stays a thin role bridge.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+
+from lmcache_ascend.integration.vllm import vllm_layout
+from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
+from lmcache_ascend.integration.vllm.worker import WorkerHalf
+from lmcache_ascend.v1.engine_glue import (
+    ChunkBufferMetadata,
+    PagedChunkConnector,
+    apply_extra_config,
+    enforce_engine_requirements,
+)
+from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+
+logger = logging.getLogger(__name__)
+
+ENGINE_INSTANCE_PREFIX = "lmcache-ascend"
+
+
+@dataclass(frozen=True)
+class ConnectorSetup:
+    """Everything both halves agree on, derived once from the configs."""
+
+    lmcache_config: Any  # LMCacheEngineConfig
+    ascend_config: Any  # AscendConfig
+    groups: tuple[SchedulerGroup, ...]
+    chunk_size: int
+    model_name: str
+    engine_id: str
+    rank: int
+    world_size: int
+
+
+def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
+    from lmcache.integration.vllm.utils import lmcache_get_or_create_config
+
+    from lmcache_ascend.v1.config import AscendConfig, register_config_keys
+
+    register_config_keys()
+    config = lmcache_get_or_create_config()
+    apply_extra_config(config, vllm_layout.kv_transfer_extra_config(vllm_config))
+    groups = vllm_layout.scheduler_groups(kv_cache_config)
+    enforce_engine_requirements(config, len(groups))
+    chunk_size = int(config.chunk_size)
+    if chunk_size <= 0:
+        raise ValueError(f"LMCache chunk_size must be > 0, got {chunk_size}")
+    model, engine_id, rank, world = vllm_layout.engine_identity(vllm_config)
+    return ConnectorSetup(
+        lmcache_config=config,
+        ascend_config=AscendConfig.from_lmcache(config),
+        groups=groups,
+        chunk_size=chunk_size,
+        model_name=model,
+        engine_id=engine_id,
+        rank=rank,
+        world_size=world,
+    )
+
+
+def _metadata(setup: ConnectorSetup, role: str, chunk_bytes: int, num_layers: int, extra: Mapping[str, Any]):
+    return ChunkBufferMetadata(
+        model_name=setup.model_name,
+        world_size=setup.world_size,
+        local_world_size=setup.world_size,
+        worker_id=setup.rank,
+        local_worker_id=setup.rank,
+        kv_dtype=torch.uint8,
+        kv_shape=(max(1, num_layers), 1, setup.chunk_size, 1, 1),
+        use_mla=False,
+        role=role,
+        chunk_size=setup.chunk_size,
+        engine_id=setup.engine_id,
+        kv_connector_extra_config=dict(extra),
+        chunk_bytes=chunk_bytes,
+    )
+
+
+def hit_blockers(setup: ConnectorSetup) -> tuple[SchedulerGroup, ...]:
+    """STATE groups that are neither skippable nor restorable: any hit would
+    leave them stale, so the scheduler refuses hits."""
+    from lmcache_ascend.v1.state_skip import unrestorable_groups
+
+    return tuple(unrestorable_groups(setup.groups, setup.ascend_config))
+
+
+def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> tuple[SchedulerHalf, Any]:
+    """Returns the half and the LMCache lookup client (to close on shutdown)."""
+    from lmcache.v1.lookup_client.factory import LookupClientFactory
+
+    setup = load_setup(vllm_config, kv_cache_config)
+    vllm_layout.ensure_recompute_on_load_failure(vllm_config)
+    metadata = _metadata(
+        setup, "scheduler", 0, 1, vllm_layout.kv_transfer_extra_config(vllm_config)
+    )
+    client = LookupClientFactory.create_lookup_client(setup.lmcache_config, metadata)
+
+    def lookup(token_ids, req_id: str) -> int:
+        return int(client.lookup(list(token_ids), lookup_id=req_id) or 0)
+
+    half = SchedulerHalf(
+        setup.groups, setup.chunk_size, lookup, hit_blockers=hit_blockers(setup)
+    )
+    logger.info(
+        "lmcache-ascend scheduler: %d KV cache group(s) %s, chunk %d tokens",
+        len(setup.groups),
+        [f"{g.index}:{g.kind.value}/{g.spec_name}/bs{g.block_size}" for g in setup.groups],
+        setup.chunk_size,
+    )
+    return half, client
+
+
+_engine_lock = threading.Lock()
+
+
+def build_worker_half(
+    vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping[str, Any]
+) -> tuple[WorkerHalf, Any, Any]:
+    """Plans transfers for ``kv_caches`` and starts this worker's LMCache
+    engine and lookup server. Returns (half, plan, lookup server)."""
+    from lmcache.v1.cache_engine import LMCacheEngineBuilder
+    from lmcache.v1.lookup_client.factory import LookupClientFactory
+
+    from lmcache_ascend.v1.device_connector import ChunkTransfer
+    from lmcache_ascend.v1.planner import build_plan
+
+    setup = load_setup(vllm_config, kv_cache_config)
+    hints = worker_layout_hints(vllm_config)
+    plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
+    transfer = ChunkTransfer(plan)
+    connector = PagedChunkConnector(plan.chunk_bytes, transfer.store, transfer.load)
+    metadata = _metadata(
+        setup,
+        "worker",
+        plan.chunk_bytes,
+        len(kv_caches),
+        vllm_layout.kv_transfer_extra_config(vllm_config),
+    )
+    instance_id = f"{ENGINE_INSTANCE_PREFIX}-{setup.engine_id}-{setup.rank}"
+    with _engine_lock:
+        engine = LMCacheEngineBuilder.get_or_create(
+            instance_id,
+            setup.lmcache_config,
+            metadata,
+            connector,
+            _broadcast_noop,
+            _broadcast_object_noop,
+        )
+        engine.post_init()
+    server = LookupClientFactory.create_lookup_server(engine, metadata)
+    half = WorkerHalf(
+        setup.groups,
+        setup.chunk_size,
+        engine,
+        transfer,
+        plan.chunk_bytes,
+        frozenset(plan.stored_groups),
+    )
+    half.instance_id = instance_id  # type: ignore[attr-defined]
+    description = plan.describe()
+    logger.info("lmcache-ascend worker plan:\n%s", description)
+    # One machine-readable line for tools (demo, explain) that read logs.
+    logger.info(
+        "LMCACHE_ASCEND_PLAN_JSON %s",
+        json.dumps(dataclasses.asdict(description), default=str, separators=(",", ":")),
+    )
+    return half, plan, server
+
+
+def worker_layout_hints(vllm_config: Any):
+    """vLLM-CPU attention blocks are opaque pages (K is transposed inside a
+    block); other platforms hand over token-row tensors."""
+    from lmcache_ascend.v1.kv_format import LayoutHints
+
+    if vllm_layout.is_cpu_platform():
+        return LayoutHints(opaque_pages=True)
+    return LayoutHints()
+
+
+def _broadcast_noop(tensor: torch.Tensor, src: int) -> torch.Tensor:
+    return tensor
+
+
+def _broadcast_object_noop(obj: Any, src: int) -> Any:
+    return obj

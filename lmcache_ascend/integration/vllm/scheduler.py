@@ -1,0 +1,210 @@
+"""Scheduler half: lookups, per-group block tracking, per-step transfer plans.
+
+Runs in vLLM's engine-core process. It never touches KV memory; it decides
+which chunks each worker loads (before a request's first forward) and
+stores (after each step), and ships that as ``StepTransfers``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+from lmcache_ascend.integration.vllm.transfer_meta import (
+    LoadSpec,
+    RequestTransfer,
+    StepTransfers,
+    StoreSpec,
+)
+from lmcache_ascend.integration.vllm.vllm_layout import RequestView, StepView
+from lmcache_ascend.v1.groups import SchedulerGroup
+from lmcache_ascend.v1.slot_mapping import primary_group
+
+logger = logging.getLogger(__name__)
+
+# (token ids, lookup id) -> tokens of the longest stored prefix
+LookupFn = Callable[[Sequence[int], str], int]
+
+
+@dataclass
+class _Tracked:
+    view: RequestView
+    block_ids: list[list[int]]
+    # Tokens [0, saved_upto) are in LMCache or were deliberately not stored.
+    saved_upto: int = 0
+    num_computed: int = 0
+
+
+@dataclass
+class _PendingLoad:
+    skip_tokens: int
+    hit_tokens: int
+
+
+@dataclass
+class SchedulerStats:
+    lookups: int = 0
+    lookup_hit_tokens: int = 0
+    refused_hits: int = 0
+    stores_planned_tokens: int = 0
+    loads_planned_tokens: int = 0
+
+
+class SchedulerHalf:
+    def __init__(
+        self,
+        groups: Sequence[SchedulerGroup],
+        chunk_size: int,
+        lookup: LookupFn,
+        hit_blockers: Sequence[SchedulerGroup] = (),
+    ) -> None:
+        self.groups = tuple(groups)
+        self.chunk_size = chunk_size
+        self._lookup = lookup
+        # Groups whose state we cannot restore at a chunk boundary: any hit
+        # would leave them stale, so hits are refused (outputs stay exact).
+        self._hit_blockers = tuple(hit_blockers)
+        if self._hit_blockers:
+            logger.warning(
+                "lmcache-ascend: KV cache group(s) %s hold recurrent state "
+                "(%s) that cannot be restored exactly at chunk boundaries: "
+                "external cache hits are refused for this model (chunks are still "
+                "stored for attention groups). Outputs stay identical to a no-cache run.",
+                [g.index for g in self._hit_blockers],
+                sorted({g.spec_name for g in self._hit_blockers}),
+            )
+        self._views: dict[str, RequestView] = {}
+        self._hits: dict[str, int] = {}
+        self._pending_loads: dict[str, _PendingLoad] = {}
+        self._tracked: dict[str, _Tracked] = {}
+        self.stats = SchedulerStats()
+
+    # ---- admission -------------------------------------------------------
+
+    def max_hit(self, num_tokens: int) -> int:
+        """Whole chunks only, and never the whole prompt: vLLM must compute
+        at least one token to produce logits."""
+        return ((num_tokens - 1) // self.chunk_size) * self.chunk_size if num_tokens > 0 else 0
+
+    def get_num_new_matched_tokens(
+        self, view: RequestView, num_computed_tokens: int
+    ) -> tuple[int, bool]:
+        self._views[view.req_id] = view
+        limit = self.max_hit(view.num_tokens)
+        if limit <= num_computed_tokens:
+            self._hits[view.req_id] = 0
+            return 0, False
+        if self._hit_blockers:
+            self.stats.refused_hits += 1
+            self._hits[view.req_id] = 0
+            return 0, False
+        self.stats.lookups += 1
+        hit = int(self._lookup(view.token_ids[:limit], view.req_id) or 0)
+        hit = min(hit - hit % self.chunk_size, limit)
+        self._hits[view.req_id] = hit
+        self.stats.lookup_hit_tokens += hit
+        return (hit - num_computed_tokens, False) if hit > num_computed_tokens else (0, False)
+
+    def update_state_after_alloc(self, req_id: str, num_external_tokens: int) -> None:
+        if num_external_tokens <= 0:
+            self._pending_loads.pop(req_id, None)
+            return
+        hit = self._hits.get(req_id, 0)
+        skip = hit - num_external_tokens
+        if skip < 0:
+            raise RuntimeError(
+                f"request {req_id}: vLLM allocated {num_external_tokens} external "
+                f"tokens but the lookup hit only {hit}"
+            )
+        self._pending_loads[req_id] = _PendingLoad(skip_tokens=skip, hit_tokens=hit)
+
+    # ---- per step --------------------------------------------------------
+
+    def build(self, step: StepView) -> StepTransfers:
+        out: list[RequestTransfer] = []
+        for req_id in step.preempted_req_ids:
+            tracked = self._tracked.get(req_id)
+            if tracked is not None:
+                # Blocks are gone; they come back complete on resume.
+                tracked.block_ids = [[] for _ in self.groups]
+        for sched in step.scheduled:
+            tracked = self._track(sched.req_id, sched)
+            if tracked is None:
+                continue
+            load = self._pending_loads.pop(sched.req_id, None)
+            load_spec = None
+            if load is not None:
+                load_spec = LoadSpec(load.skip_tokens, load.hit_tokens)
+                self.stats.loads_planned_tokens += load.hit_tokens - load.skip_tokens
+                tracked.saved_upto = max(tracked.saved_upto, load.hit_tokens)
+            computed_after = sched.num_computed_tokens + sched.num_scheduled_tokens
+            tracked.num_computed = computed_after
+            store_spec = self._store_range(tracked, computed_after)
+            if load_spec is None and store_spec is None:
+                continue
+            end = max(load_spec.hit_tokens if load_spec else 0, store_spec.end if store_spec else 0)
+            out.append(
+                RequestTransfer(
+                    req_id=sched.req_id,
+                    token_ids=tuple(tracked.view.token_ids[:end]),
+                    block_ids=tuple(tuple(ids) for ids in tracked.block_ids),
+                    load=load_spec,
+                    store=store_spec,
+                )
+            )
+        for req_id in step.finished_req_ids:
+            self._forget(req_id)
+        return StepTransfers(requests=tuple(out), finished_req_ids=step.finished_req_ids)
+
+    def _track(self, req_id: str, sched) -> Optional[_Tracked]:
+        tracked = self._tracked.get(req_id)
+        if sched.is_new or tracked is None:
+            view = self._views.get(req_id)
+            if view is None:
+                # Never went through get_num_new_matched_tokens (e.g. a
+                # request admitted while the connector was not consulted).
+                return None
+            tracked = _Tracked(
+                view=view,
+                block_ids=[list(ids) for ids in (sched.block_ids or ())]
+                or [[] for _ in self.groups],
+                saved_upto=self._hits.get(req_id, 0),
+            )
+            self._tracked[req_id] = tracked
+            return tracked
+        if sched.resumed:
+            tracked.block_ids = [list(ids) for ids in (sched.block_ids or ())]
+            # A resumed request went through a new lookup; chunks it hit are
+            # in the cache already.
+            tracked.saved_upto = max(tracked.saved_upto, self._hits.get(req_id, 0))
+        elif sched.block_ids is not None:
+            for g, ids in enumerate(sched.block_ids):
+                if ids:
+                    tracked.block_ids[g].extend(ids)
+        return tracked
+
+    def _store_range(self, tracked: _Tracked, computed_after: int) -> Optional[StoreSpec]:
+        """Chunks completed by this step and not yet stored."""
+        primary = primary_group(self.groups, tracked.block_ids)
+        span = len(tracked.block_ids[primary]) * self.groups[primary].block_size
+        known = min(computed_after, span, len(tracked.view.token_ids))
+        end = known - known % self.chunk_size
+        if end <= tracked.saved_upto:
+            return None
+        spec = StoreSpec(tracked.saved_upto, end)
+        tracked.saved_upto = end
+        self.stats.stores_planned_tokens += end - spec.start
+        return spec
+
+    def _forget(self, req_id: str) -> None:
+        self._tracked.pop(req_id, None)
+        self._views.pop(req_id, None)
+        self._hits.pop(req_id, None)
+        self._pending_loads.pop(req_id, None)
+
+    def request_finished(self, req_id: str) -> tuple[bool, None]:
+        # Stores run synchronously in the step that completes them, so vLLM
+        # may free the blocks right away.
+        self._forget(req_id)
+        return False, None

@@ -1,0 +1,63 @@
+"""Shutdown that never hangs.
+
+LMCache 0.5.6's engine close can block forever when a Redis remote backend
+is configured (its connector's close waits on its own event loop). We close
+each resource on a daemon thread with a deadline and move on, logging what
+did not finish; the process exits regardless.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any, Callable
+
+logger = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0
+
+
+def _bounded(name: str, fn: Callable[[], Any], timeout: float = CLOSE_TIMEOUT_S) -> bool:
+    done = threading.Event()
+    error: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001
+            error.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name=f"lmcache-ascend-close-{name}", daemon=True).start()
+    if not done.wait(timeout):
+        logger.warning(
+            "lmcache-ascend: closing %s did not finish within %.1f s (a known LMCache "
+            "0.5.6 hang with remote backends); continuing shutdown without it",
+            name,
+            timeout,
+        )
+        return False
+    if error:
+        logger.warning("lmcache-ascend: closing %s raised %r", name, error[0])
+        return False
+    return True
+
+
+def close_quietly(connector: Any) -> None:
+    client = getattr(connector, "_lookup_client", None)
+    if client is not None:
+        _bounded("lookup client", client.close)
+        connector._lookup_client = None
+    server = getattr(connector, "_lookup_server", None)
+    if server is not None:
+        _bounded("lookup server", server.close)
+        connector._lookup_server = None
+    worker = getattr(connector, "_worker", None)
+    if worker is not None:
+        instance_id = getattr(worker, "instance_id", None)
+        if instance_id is not None:
+            from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+            _bounded("LMCache engine", lambda: LMCacheEngineBuilder.destroy(instance_id))
+        connector._worker = None

@@ -1,0 +1,255 @@
+"""Worker half: plans transfers for vLLM's KV tensors and moves chunks
+between them and LMCache (retrieve before the forward, store after it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StepTransfers
+from lmcache_ascend.v1.engine_glue import TransferContext
+from lmcache_ascend.v1.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerStats:
+    """Cumulative counters; the connector turns deltas into vLLM stats."""
+
+    load_requests: int = 0
+    loaded_tokens: int = 0
+    loaded_bytes: int = 0
+    load_seconds: float = 0.0
+    load_errors: int = 0
+    stored_tokens: int = 0
+    stored_bytes: int = 0
+    store_seconds: float = 0.0
+    store_failures: int = 0
+    skipped_incomplete_chunks: int = 0
+    stored_bytes_by_group: dict[int, int] = field(default_factory=dict)
+
+
+def mask_prefix_blocks(
+    groups: Sequence[SchedulerGroup],
+    block_ids: Sequence[Sequence[int]],
+    skip_tokens: int,
+) -> tuple[tuple[int, ...], ...]:
+    """Block tables with every block that lies wholly below ``skip_tokens``
+    replaced by the null block, so a load never writes KV vLLM already has
+    (those blocks may be shared with running requests)."""
+    out = []
+    for g in groups:
+        ids = list(block_ids[g.index]) if g.index < len(block_ids) else []
+        n_skip = min(len(ids), skip_tokens // g.block_size)
+        ids[:n_skip] = [NULL_BLOCK_ID] * n_skip
+        out.append(tuple(ids))
+    return tuple(out)
+
+
+def blocks_for_range(
+    groups: Sequence[SchedulerGroup],
+    block_ids: Sequence[Sequence[int]],
+    start: int,
+    end: int,
+) -> set[int]:
+    """Real block ids of every group that hold token positions [start, end)."""
+    bad: set[int] = set()
+    if end <= start:
+        return bad
+    for g in groups:
+        ids = block_ids[g.index] if g.index < len(block_ids) else ()
+        tokens_per_block = g.block_size
+        first, last = start // tokens_per_block, -(-end // tokens_per_block)
+        for b in ids[first:last]:
+            if b != NULL_BLOCK_ID:
+                bad.add(int(b))
+    return bad
+
+
+class WorkerHalf:
+    """Owns the LMCache engine of this worker process.
+
+    ``engine`` is an ``LMCacheEngine`` (built by the caller); ``transfer``
+    exposes ``incomplete_groups(ChunkRequest)`` for the pre-store check.
+    """
+
+    def __init__(
+        self,
+        groups: Sequence[SchedulerGroup],
+        chunk_size: int,
+        engine: Any,
+        transfer: Any,
+        chunk_bytes: int,
+        stored_groups: frozenset[int],
+    ) -> None:
+        self.groups = tuple(groups)
+        self.chunk_size = chunk_size
+        self.engine = engine
+        self.transfer = transfer
+        self.chunk_bytes = chunk_bytes
+        self.stored_groups = stored_groups
+        self._stored_group_list = tuple(g for g in self.groups if g.index in stored_groups)
+        self._load_errors: set[int] = set()
+        self.stats = WorkerStats()
+        self.request_log: list[str] = []
+
+    # ---- loads -----------------------------------------------------------
+
+    def start_load(self, step: StepTransfers) -> None:
+        for req in step.requests:
+            if req.load is not None:
+                self._load_one(req)
+
+    def _load_one(self, req: RequestTransfer) -> None:
+        assert req.load is not None
+        spec = req.load
+        skip_aligned = spec.skip_tokens - spec.skip_tokens % self.chunk_size
+        n = spec.hit_tokens - skip_aligned
+        if n <= 0:
+            self.engine.lookup_unpin(req.req_id)
+            return
+        tokens = torch.tensor(req.token_ids[: spec.hit_tokens], dtype=torch.long)
+        mask = torch.ones(spec.hit_tokens, dtype=torch.bool)
+        mask[:skip_aligned] = False
+        ctx = TransferContext(
+            req_id=req.req_id,
+            block_ids=mask_prefix_blocks(self.groups, req.block_ids, spec.skip_tokens),
+        )
+        t0 = time.perf_counter()
+        loaded_end = skip_aligned
+        try:
+            ret = self.engine.retrieve(
+                tokens, mask=mask, req_id=req.req_id, lmcache_ascend_ctx=ctx
+            )
+            got = ret[skip_aligned:]
+            # Retrieved chunks form a prefix of the requested range.
+            loaded_end = skip_aligned + (int(got.long().cumprod(0).sum()) if got.numel() else 0)
+        except Exception:  # noqa: BLE001 - a failed load must cost speed only
+            logger.exception(
+                "lmcache-ascend: load of request %s failed; vLLM will recompute "
+                "tokens [%d, %d)",
+                req.req_id,
+                spec.skip_tokens,
+                spec.hit_tokens,
+            )
+        finally:
+            try:
+                self.engine.lookup_unpin(req.req_id)
+            except Exception:  # noqa: BLE001
+                logger.exception("lmcache-ascend: unpinning %s failed", req.req_id)
+        dt = time.perf_counter() - t0
+        self.stats.load_requests += 1
+        loaded = max(0, loaded_end - max(skip_aligned, spec.skip_tokens))
+        self.stats.loaded_tokens += loaded
+        self.stats.loaded_bytes += (loaded_end - skip_aligned) // self.chunk_size * self.chunk_bytes
+        self.stats.load_seconds += dt
+        if loaded_end < spec.hit_tokens:
+            bad = blocks_for_range(
+                self.groups, req.block_ids, max(loaded_end, spec.skip_tokens), spec.hit_tokens
+            )
+            self._load_errors |= bad
+            self.stats.load_errors += 1
+            logger.warning(
+                "lmcache-ascend: request %s: loaded %d of %d hit tokens; %d block(s) "
+                "reported for recomputation",
+                req.req_id,
+                loaded_end - spec.skip_tokens if loaded_end > spec.skip_tokens else 0,
+                spec.hit_tokens - spec.skip_tokens,
+                len(bad),
+            )
+        logger.info(
+            "lmcache-ascend: request %s load: hit %d tokens (vLLM had %d), loaded %d "
+            "tokens in %.4f s",
+            req.req_id,
+            spec.hit_tokens,
+            spec.skip_tokens,
+            loaded,
+            dt,
+        )
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    # ---- stores ----------------------------------------------------------
+
+    def save(self, step: StepTransfers) -> None:
+        for req in step.requests:
+            if req.store is not None:
+                self._store_one(req)
+
+    def _complete_runs(self, req: RequestTransfer) -> list[tuple[int, int]]:
+        """Contiguous runs of chunks whose every stored group has real blocks."""
+        assert req.store is not None
+        runs: list[tuple[int, int]] = []
+        run_start: Optional[int] = None
+        for start in range(req.store.start, req.store.end, self.chunk_size):
+            chunk = ChunkRequest(start, start + self.chunk_size, req.block_ids)
+            incomplete = self.transfer.incomplete_groups(chunk)
+            if incomplete:
+                self.stats.skipped_incomplete_chunks += 1
+                logger.debug(
+                    "lmcache-ascend: request %s chunk [%d, %d) not stored: group(s) %s "
+                    "have no real blocks for needed positions",
+                    req.req_id,
+                    start,
+                    start + self.chunk_size,
+                    list(incomplete),
+                )
+                if run_start is not None:
+                    runs.append((run_start, start))
+                    run_start = None
+                continue
+            if run_start is None:
+                run_start = start
+        if run_start is not None:
+            runs.append((run_start, req.store.end))
+        return runs
+
+    def _store_one(self, req: RequestTransfer) -> None:
+        ctx = TransferContext(req_id=req.req_id, block_ids=req.block_ids)
+        t0 = time.perf_counter()
+        stored = 0
+        for start, end in self._complete_runs(req):
+            tokens = torch.tensor(req.token_ids[:end], dtype=torch.long)
+            mask = torch.ones(end, dtype=torch.bool)
+            mask[:start] = False
+            try:
+                self.engine.store(tokens, mask=mask, req_id=req.req_id, lmcache_ascend_ctx=ctx)
+                stored += end - start
+            except Exception:  # noqa: BLE001 - a failed store loses no request
+                self.stats.store_failures += 1
+                logger.exception(
+                    "lmcache-ascend: storing request %s tokens [%d, %d) failed; the "
+                    "request continues without caching them",
+                    req.req_id,
+                    start,
+                    end,
+                )
+        dt = time.perf_counter() - t0
+        self.stats.stored_tokens += stored
+        self.stats.stored_bytes += stored // self.chunk_size * self.chunk_bytes
+        self.stats.store_seconds += dt
+        if stored:
+            logger.info(
+                "lmcache-ascend: request %s store: %d tokens (%d chunks) in %.4f s",
+                req.req_id,
+                stored,
+                stored // self.chunk_size,
+                dt,
+            )
+
+    # ---- lifecycle -------------------------------------------------------
+
+    def release(self, step: StepTransfers) -> None:
+        for req_id in step.finished_req_ids:
+            try:
+                self.engine.lookup_unpin(req_id)
+            except Exception:  # noqa: BLE001
+                logger.exception("lmcache-ascend: unpinning %s failed", req_id)

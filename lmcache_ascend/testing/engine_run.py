@@ -1,0 +1,154 @@
+"""Run a real vLLM engine (CPU) through a scripted workload and report what
+came out: tokens, logprobs, cached-token counts and timings.
+
+Used by the integration tests, the demo and the end-to-end bench. It runs as
+``python -m lmcache_ascend.testing.engine_run SCENARIO.json OUT.json`` in its
+own process, so every engine starts from a clean slate (vLLM and LMCache
+keep process-wide singletons).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional
+
+CONNECTOR_MODULE = "lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1"
+
+
+@dataclass
+class Phase:
+    name: str
+    prompts: list[list[int]]
+    max_tokens: int = 8
+    reset_prefix_cache: bool = False
+    # Submit prompts one by one (sequential) instead of as one batch.
+    sequential: bool = False
+
+
+@dataclass
+class Scenario:
+    model: str
+    phases: list[Phase]
+    # "none" | "ascend" (module path) | "ascend-plugin" (entry point name only)
+    connector: str = "ascend"
+    kv_role: str = "kv_both"
+    kv_extra: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    dtype: str = "float32"
+    max_model_len: int = 4096
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
+    logprobs: int = 1
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> "Scenario":
+        phases = [Phase(**p) for p in data.pop("phases")]
+        return Scenario(phases=phases, **data)
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    logprobs: list[float]
+    num_cached_tokens: int
+    seconds: float  # wall time of a sequential generate call (NaN in batches)
+    ttft: float  # vLLM's first-token latency for this request
+
+
+@dataclass
+class PhaseResult:
+    name: str
+    completions: list[Completion]
+    seconds: float
+
+
+def kv_transfer_config(s: Scenario) -> Optional[dict[str, Any]]:
+    if s.connector == "none":
+        return None
+    cfg: dict[str, Any] = {
+        "kv_connector": "LMCacheAscendConnectorV1Dynamic",
+        "kv_role": s.kv_role,
+        "kv_connector_extra_config": dict(s.kv_extra),
+    }
+    if s.connector == "ascend":
+        cfg["kv_connector_module_path"] = CONNECTOR_MODULE
+    elif s.connector != "ascend-plugin":
+        raise ValueError(f"unknown connector {s.connector!r}; valid: none, ascend, ascend-plugin")
+    return cfg
+
+
+def run(s: Scenario, progress=None) -> list[PhaseResult]:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.kv_cache_gib))
+    os.environ.update(s.env)
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    kwargs: dict[str, Any] = dict(
+        model=s.model,
+        dtype=s.dtype,
+        max_model_len=s.max_model_len,
+        enforce_eager=True,
+        seed=0,
+        max_num_batched_tokens=max(s.max_model_len, 2048),
+        disable_log_stats=False,  # per-request first-token latency
+    )
+    kwargs.update(s.engine_kwargs)
+    ktc = kv_transfer_config(s)
+    if ktc is not None:
+        kwargs["kv_transfer_config"] = ktc
+    if progress:
+        progress("starting vLLM engine")
+    llm = LLM(**kwargs)
+    results: list[PhaseResult] = []
+    try:
+        for phase in s.phases:
+            if progress:
+                progress(f"phase {phase.name}: {len(phase.prompts)} prompt(s)")
+            if phase.reset_prefix_cache:
+                if not llm.reset_prefix_cache():
+                    raise RuntimeError("vLLM refused to reset its prefix cache")
+            sp = SamplingParams(temperature=0.0, max_tokens=phase.max_tokens, logprobs=s.logprobs)
+            prompts = [TokensPrompt(prompt_token_ids=p) for p in phase.prompts]
+            t0 = time.perf_counter()
+            outs = []
+            if phase.sequential:
+                for p in prompts:
+                    t1 = time.perf_counter()
+                    o = llm.generate([p], sp, use_tqdm=False)[0]
+                    outs.append((o, time.perf_counter() - t1))
+            else:
+                for o in llm.generate(prompts, sp, use_tqdm=False):
+                    outs.append((o, float("nan")))
+            dt = time.perf_counter() - t0
+            comps = []
+            for o, secs in outs:
+                c = o.outputs[0]
+                lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs or [])]
+                ttft = float(getattr(o.metrics, "first_token_latency", float("nan")) or float("nan"))
+                comps.append(
+                    Completion(list(c.token_ids), lps, int(o.num_cached_tokens or 0), secs, ttft)
+                )
+            results.append(PhaseResult(phase.name, comps, dt))
+    finally:
+        del llm
+    return results
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3:
+        print("usage: python -m lmcache_ascend.testing.engine_run SCENARIO.json OUT.json", file=sys.stderr)
+        return 2
+    with open(argv[1]) as f:
+        scenario = Scenario.from_json(json.load(f))
+    results = run(scenario)
+    with open(argv[2], "w") as f:
+        json.dump([asdict(r) for r in results], f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,163 @@
+"""Tiny random-weight models built locally, for tests, the demo and benches.
+
+No downloads are possible on the machines this project is tested on, so the
+models (config, random weights, a WordLevel tokenizer) are written to a
+directory and cached there: a second call with the same arguments is a no-op.
+The weights are seeded, so every build of a given spec is identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+VOCAB_SIZE = 512
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """What to build. `arch` picks the transformers config family."""
+
+    arch: str  # "llama" | "gemma2" | "gemma3" | "qwen3_next"
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 256
+    sliding_window: int = 96
+    dtype: str = "float32"
+    seed: int = 0
+    extra: tuple[tuple[str, object], ...] = field(default=())
+
+    @property
+    def name(self) -> str:
+        return (
+            f"{self.arch}-l{self.num_layers}-h{self.hidden_size}-kv{self.num_kv_heads}"
+            f"x{self.head_dim}-sw{self.sliding_window}-{self.dtype}-s{self.seed}"
+        )
+
+
+SPECS = {
+    "llama": TinyModelSpec("llama"),
+    "gemma2": TinyModelSpec("gemma2", num_layers=4),
+    "gemma3": TinyModelSpec("gemma3", num_layers=6),
+    "qwen3_next": TinyModelSpec("qwen3_next", num_layers=4, dtype="bfloat16"),
+}
+
+
+def _config(spec: TinyModelSpec):
+    import transformers as tf
+
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=16384,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    common.update(dict(spec.extra))
+    if spec.arch == "llama":
+        return tf.LlamaConfig(**common)
+    if spec.arch == "gemma2":
+        return tf.Gemma2Config(sliding_window=spec.sliding_window, **common)
+    if spec.arch == "gemma3":
+        return tf.Gemma3TextConfig(
+            sliding_window=spec.sliding_window, sliding_window_pattern=6, **common
+        )
+    if spec.arch == "qwen3_next":
+        # Every 4th layer is full attention, the rest Gated DeltaNet.
+        return tf.Qwen3NextConfig(
+            linear_num_value_heads=4,
+            linear_num_key_heads=2,
+            linear_key_head_dim=32,
+            linear_value_head_dim=32,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            shared_expert_intermediate_size=64,
+            full_attention_interval=4,
+            **common,
+        )
+    raise ValueError(
+        f"unknown tiny model arch {spec.arch!r}; valid: llama, gemma2, gemma3, qwen3_next"
+    )
+
+
+def _tokenizer(path: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(len(vocab), VOCAB_SIZE):
+        vocab[f"w{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
+    fast.save_pretrained(str(path))
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("LMCACHE_ASCEND_MODEL_CACHE", Path.home() / ".cache" / "lmcache-ascend" / "models"))
+
+
+def build_tiny_model(spec: TinyModelSpec | str, cache_dir: Path | None = None) -> Path:
+    """Build (once) and return the directory of a tiny random-weight model."""
+    if isinstance(spec, str):
+        if spec not in SPECS:
+            raise ValueError(f"unknown tiny model {spec!r}; valid: {sorted(SPECS)}")
+        spec = SPECS[spec]
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / spec.name
+    marker = path / "lmcache_ascend_spec.json"
+    if marker.exists():
+        return path
+    import torch
+    import transformers as tf
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = _config(spec)
+    config.torch_dtype = spec.dtype
+    torch.manual_seed(spec.seed)
+    if spec.arch in ("gemma3",):
+        model = tf.Gemma3ForCausalLM(config)
+    else:
+        model = tf.AutoModelForCausalLM.from_config(config)
+    # Larger-than-default init so random logits are not all ties.
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.08)
+    model = model.to(getattr(torch, spec.dtype))
+    model.save_pretrained(str(path), safe_serialization=True)
+    _tokenizer(path)
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(spec), default=str))
+    tmp.rename(marker)
+    return path
+
+
+def token_prompt(n_tokens: int, seed: int = 0, prefix: list[int] | None = None) -> list[int]:
+    """Deterministic pseudo-random token ids (no special tokens)."""
+    import random
+
+    rng = random.Random(seed)
+    out = list(prefix or [])
+    while len(out) < n_tokens:
+        out.append(rng.randrange(4, VOCAB_SIZE))
+    return out[:n_tokens]

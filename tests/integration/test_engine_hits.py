@@ -1,0 +1,88 @@
+"""Real vLLM engine on the CPU, tiny random-weight models, our connector.
+
+Every test compares a run WITH the connector against the same workload on
+an engine WITHOUT it (and the warm phase against the cold one): tokens must
+match exactly and logprobs within 1e-3 (fp32). Logprobs matter: random
+models repeat tokens, so equal tokens alone would miss corrupted KV.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_ascend.testing.engine_run import Phase, Scenario
+from lmcache_ascend.testing.tiny_models import token_prompt
+
+pytestmark = pytest.mark.engine
+
+CHUNK = 256
+LOGPROB_TOL = 1e-3
+
+A = token_prompt(3 * CHUNK + 100, seed=1)  # 868 tokens: 3 whole chunks are cacheable
+B = A[:600] + token_prompt(200, seed=2)  # shares 2 whole chunks with A, then diverges
+C = token_prompt(2 * CHUNK + 30, seed=3)
+SHORT = token_prompt(100, seed=4)  # shorter than a chunk: never hits
+
+
+def phases() -> list[Phase]:
+    return [
+        Phase("cold", [A], sequential=True),
+        Phase("warm", [A], reset_prefix_cache=True, sequential=True),
+        Phase("shared_prefix", [B], reset_prefix_cache=True, sequential=True),
+        Phase("short", [SHORT], reset_prefix_cache=True, sequential=True),
+        Phase("batch", [A, B, C, SHORT], reset_prefix_cache=True),
+    ]
+
+
+def assert_same(got, ref, what: str) -> None:
+    assert len(got.completions) == len(ref.completions), what
+    for i, (g, r) in enumerate(zip(got.completions, ref.completions)):
+        assert g.tokens == r.tokens, f"{what}[{i}]: tokens {g.tokens} != {r.tokens}"
+        assert len(g.logprobs) == len(r.logprobs)
+        worst = max((abs(a - b) for a, b in zip(g.logprobs, r.logprobs)), default=0.0)
+        assert worst <= LOGPROB_TOL, f"{what}[{i}]: logprobs differ by {worst}"
+
+
+def run_pair(run_engine, model: str, dtype: str = "float32", **kw):
+    with_conn, log = run_engine(Scenario(model=model, phases=phases(), dtype=dtype, **kw))
+    without, _ = run_engine(
+        Scenario(model=model, phases=phases(), dtype=dtype, connector="none")
+    )
+    return with_conn, without, log
+
+
+def check_outputs(with_conn, without) -> None:
+    for got, ref in zip(with_conn, without):
+        assert_same(got, ref, got.name)
+    # Warm (hit) against cold (miss) of the same engine.
+    assert_same(with_conn[1], with_conn[0], "warm vs cold")
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "gemma3"])
+def test_attention_models_hit_and_match(run_engine, tiny_model, name):
+    with_conn, without, log = run_pair(run_engine, tiny_model(name))
+    check_outputs(with_conn, without)
+    by_name = {p.name: p for p in with_conn}
+    # Cold: nothing cached. Warm: every whole chunk except the last token's.
+    assert by_name["cold"].completions[0].num_cached_tokens == 0
+    assert by_name["warm"].completions[0].num_cached_tokens >= 3 * CHUNK
+    assert by_name["shared_prefix"].completions[0].num_cached_tokens == 2 * CHUNK
+    assert by_name["short"].completions[0].num_cached_tokens == 0
+    batch = by_name["batch"].completions
+    assert batch[0].num_cached_tokens >= 3 * CHUNK  # A was stored in the cold phase
+    assert batch[1].num_cached_tokens >= 2 * CHUNK  # B's prefix (and B) stored
+    # The connector itself reported what it did.
+    assert "lmcache-ascend: request" in log and "load: hit" in log
+    assert "store:" in log
+
+
+def test_state_model_refuses_hits_and_matches(run_engine, tiny_model):
+    """Qwen3-Next (GDN + full attention): GDN state cannot be restored at a
+    chunk boundary, so hits are refused and outputs stay exact."""
+    with_conn, without, log = run_pair(run_engine, tiny_model("qwen3_next"), dtype="bfloat16")
+    for got, ref in zip(with_conn, without):
+        assert_same(got, ref, got.name)
+    for phase in with_conn:
+        for c in phase.completions:
+            assert c.num_cached_tokens == 0
+    assert "external cache hits are refused" in log
