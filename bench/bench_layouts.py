@@ -126,19 +126,29 @@ def fmt_bytes(n: int) -> str:
     return str(n)
 
 
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.machine()
+
+
 def print_markdown(results: list[dict], ops_name: str) -> None:
-    print(f"ops: {ops_name}; {platform.processor() or platform.machine()}, "
-          f"{torch.get_num_threads()} torch threads\n")
+    print(f"ops: {ops_name}; {cpu_name()}, {torch.get_num_threads()} torch threads\n")
     print("| layout | layer entries | chunk | bytes/chunk planned | naive | ratio | op calls bundled / exploded "
-          "| store GB/s bundled / exploded | load GB/s bundled / exploded |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| store GB/s bundled / exploded | load GB/s bundled / exploded | store us/chunk (bundled) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         b, e = r["bundled"], r["exploded"]
         print(
             f"| {r['layout']} | {r['entries']} | {r['chunk_size']} | {fmt_bytes(b['chunk_bytes'])} | "
             f"{fmt_bytes(r['naive_bytes'])} | {r['naive_bytes'] / b['chunk_bytes']:.2f}x | "
             f"{b['op_calls_per_chunk']} / {e['op_calls_per_chunk']} | "
-            f"{b['store_gbps']:.2f} / {e['store_gbps']:.2f} | {b['load_gbps']:.2f} / {e['load_gbps']:.2f} |"
+            f"{b['store_gbps']:.2f} / {e['store_gbps']:.2f} | {b['load_gbps']:.2f} / {e['load_gbps']:.2f} | "
+            f"{b['us_per_chunk_store']:.0f} |"
         )
     print("\nPer group, bytes per chunk (planned / naive):\n")
     for r in results:

@@ -233,6 +233,12 @@ def place_layers(
                     f"belong to groups {mapping[elem]} and {mapping[primary]}"
                 )
         ratio = int(hints.layer_compress_ratio.get(name, 0))
+        if ratio and len(set(mapping)) > 1:
+            # Planes of a multi-group layer take their ratio from their group.
+            raise ValueError(
+                f"layer {name!r}: LayoutHints.layer_compress_ratio applies to layers of one "
+                f"group; this layer is addressed by groups {sorted(set(mapping))}"
+            )
         stored: list[PlacedPlane] = []
         unstored: list[Plane] = []
         for geom in layout.planes:

@@ -113,6 +113,9 @@ def test_per_layer_compress_ratio_hint():
     plan = build_plan(caches, groups, 256, hints=hints)
     assert sorted(kg.rows_per_chunk for kg in plan.kernel_groups) == [(2,), (64,)]
     assert plan.chunk_bytes == (64 + 2) * 584
+    two = (grp(0, ["m"], bs=256), grp(1, ["m"], bs=256))
+    with pytest.raises(ValueError, match="layers of one group"):
+        build_plan({"m": (caches["c4"], caches["c4"].clone())}, two, 256, hints=LayoutHints(layer_compress_ratio={"m": 4}))
 
 
 def test_state_skip_and_unrestorable():
