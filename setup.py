@@ -33,6 +33,14 @@ class CMakeBuild(build_ext):
 
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
         out.parent.mkdir(parents=True, exist_ok=True)
+        # Editable/in-place builds: CMake writes straight into the source
+        # package, so `cmake --build build/cmake-*` alone refreshes the module;
+        # the copy at get_ext_fullpath keeps setuptools' own copy step happy.
+        target = out
+        if self.inplace or getattr(self, "editable_mode", False):
+            package, _, _ = ext.name.rpartition(".")
+            package_dir = self.get_finalized_command("build_py").get_package_dir(package)
+            target = (Path(package_dir) / out.name).resolve()
         tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
         build_dir = ROOT / "build" / f"cmake-{tag}"
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -47,8 +55,8 @@ class CMakeBuild(build_ext):
             f"-DCMAKE_BUILD_TYPE={build_type}",
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DLMCA_TORCH_CMAKE_PREFIX={torch.utils.cmake_prefix_path}",
-            f"-DLMCA_OUTPUT_DIR={out.parent}",
-            f"-DLMCA_OUTPUT_NAME={out.name}",
+            f"-DLMCA_OUTPUT_DIR={target.parent}",
+            f"-DLMCA_OUTPUT_NAME={target.name}",
         ]
         ninja = _tool("ninja")
         if not (build_dir / "CMakeCache.txt").exists() and ninja != "ninja":
@@ -59,6 +67,8 @@ class CMakeBuild(build_ext):
             [cmake, "--build", str(build_dir), "--config", build_type, "-j", jobs],
             check=True,
         )
+        if target != out:
+            shutil.copy2(target, out)
 
 
 def _tool(name: str) -> str:
