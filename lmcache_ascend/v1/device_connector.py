@@ -61,6 +61,7 @@ class _KernelCall:
     """Per kernel group tensors that do not change from chunk to chunk."""
 
     group: KernelGroup
+    keys: tuple[int, ...]  # per plane: index into ChunkTransfer._keys
     ptrs: torch.Tensor  # int64 [L*P] (MULTI_PLANE) or [L] (BLOCK_PAGE)
     block_sizes: torch.Tensor
     strides: torch.Tensor
@@ -69,7 +70,7 @@ class _KernelCall:
     slot_offsets: torch.Tensor  # int64 [P+1]
 
     @classmethod
-    def build(cls, kg: KernelGroup) -> "_KernelCall":
+    def build(cls, kg: KernelGroup, key_index: dict[PlaneAddressing, int]) -> "_KernelCall":
         first = kg.planes[0]
         kernel_rows = [1 if p.granularity is Granularity.PAGE else p.block_size for p in first]
         counts = [a.rows_per_chunk for a in kg.addressing]
@@ -79,6 +80,7 @@ class _KernelCall:
 
         return cls(
             group=kg,
+            keys=tuple(key_index[a] for a in kg.addressing),
             ptrs=i64(p.data_ptr for planes in kg.planes for p in planes),
             block_sizes=i64(kernel_rows),
             strides=i64(p.block_stride_bytes for p in first),
@@ -106,11 +108,14 @@ class ChunkTransfer:
         self._ops = ops
         self.op_calls = 0  # total op calls made (tests: calls per chunk)
         self._groups = {g.index: g for g in plan.groups}
-        self._calls = tuple(_KernelCall.build(kg) for kg in plan.kernel_groups)
-        keys: dict[PlaneAddressing, None] = {}
+        # Distinct addressings: each is computed once per chunk, however many
+        # planes and kernel groups share it.
+        key_index: dict[PlaneAddressing, int] = {}
         for kg in plan.kernel_groups:
-            keys.update(dict.fromkeys(kg.addressing))
-        self._keys = tuple(keys)
+            for a in kg.addressing:
+                key_index.setdefault(a, len(key_index))
+        self._keys = tuple(key_index)
+        self._calls = tuple(_KernelCall.build(kg, key_index) for kg in plan.kernel_groups)
         self._tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
 
     @property
@@ -161,13 +166,16 @@ class ChunkTransfer:
         ids = np.where(addr.ids[:, None] >= 0, ids, SKIP).reshape(-1)
         return GroupAddress(ids=ids, missing=addr.missing * s)
 
-    def addresses(self, req: ChunkRequest) -> dict[PlaneAddressing, GroupAddress]:
-        return {key: self._address(key, req) for key in self._keys}
+    def _addresses(self, req: ChunkRequest) -> list[GroupAddress]:
+        return [self._address(key, req) for key in self._keys]
 
-    @staticmethod
-    def _missing(addrs: dict[PlaneAddressing, GroupAddress]) -> tuple[GroupMissing, ...]:
+    def addresses(self, req: ChunkRequest) -> dict[PlaneAddressing, GroupAddress]:
+        """Addressing of every distinct plane addressing for one chunk."""
+        return dict(zip(self._keys, self._addresses(req)))
+
+    def _missing(self, addrs: Sequence[GroupAddress]) -> tuple[GroupMissing, ...]:
         per_group: dict[int, int] = {}
-        for key, addr in addrs.items():
+        for key, addr in zip(self._keys, addrs):
             if addr.missing:
                 per_group[key.sched_group] = max(per_group.get(key.sched_group, 0), addr.missing)
         return tuple(GroupMissing(g, n) for g, n in sorted(per_group.items()))
@@ -175,18 +183,21 @@ class ChunkTransfer:
     def incomplete_groups(self, req: ChunkRequest) -> tuple[int, ...]:
         """Stored groups with needed positions lacking a real block: such a
         chunk must not be stored (it would persist garbage)."""
-        return tuple(m.group for m in self._missing(self.addresses(req)))
+        return tuple(m.group for m in self._missing(self._addresses(req)))
 
     # ---- transfers --------------------------------------------------------
 
-    def _run(self, chunk: torch.Tensor, addrs: dict[PlaneAddressing, GroupAddress], to_chunk: bool) -> int:
+    def _run(self, chunk: torch.Tensor, addrs: Sequence[GroupAddress], to_chunk: bool) -> int:
         ops = self.ops
         calls = 0
         for call in self._calls:
             kg = call.group
             region = chunk[kg.offset : kg.offset + kg.nbytes]
-            ids = np.concatenate([addrs[a].ids for a in kg.addressing])
-            if to_chunk and (ids < 0).any():
+            if len(call.keys) == 1:
+                ids = addrs[call.keys[0]].ids
+            else:
+                ids = np.concatenate([addrs[k].ids for k in call.keys])
+            if to_chunk and ids.min(initial=0) < 0:
                 region.zero_()  # rows nobody writes must not carry stale bytes
             slots = torch.from_numpy(ids)
             if kg.op is KernelOp.BLOCK_PAGE:
@@ -207,7 +218,7 @@ class ChunkTransfer:
         """Paged KV -> chunk buffer. Copies nothing if any stored group lacks
         a real block for a needed position."""
         _check_chunk(chunk, self.plan.chunk_bytes)
-        addrs = self.addresses(req)
+        addrs = self._addresses(req)
         missing = self._missing(addrs)
         if missing:
             return StoreResult(False, missing, 0, 0)
@@ -218,6 +229,6 @@ class ChunkTransfer:
         """Chunk buffer -> paged KV. Positions without a real block (and
         skipped groups) are left alone."""
         _check_chunk(chunk, self.plan.chunk_bytes)
-        addrs = self.addresses(req)
+        addrs = self._addresses(req)
         calls = self._run(chunk, addrs, to_chunk=False)
         return LoadResult(calls, self.plan.chunk_bytes, self._missing(addrs))
