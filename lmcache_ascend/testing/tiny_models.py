@@ -36,7 +36,7 @@ class TinyModelSpec:
     def name(self) -> str:
         return (
             f"{self.arch}-l{self.num_layers}-h{self.hidden_size}-kv{self.num_kv_heads}"
-            f"x{self.head_dim}-sw{self.sliding_window}-{self.dtype}-s{self.seed}"
+            f"x{self.head_dim}-sw{self.sliding_window}-{self.dtype}-s{self.seed}-v2"
         )
 
 
@@ -60,7 +60,8 @@ def _config(spec: TinyModelSpec):
         num_key_value_heads=spec.num_kv_heads,
         head_dim=spec.head_dim,
         max_position_embeddings=16384,
-        tie_word_embeddings=False,
+        # vLLM's Gemma implementations have no separate lm_head.
+        tie_word_embeddings=spec.arch in ("gemma2", "gemma3"),
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,

@@ -35,6 +35,18 @@ def _lookup_blocks(block_table: Sequence[int], block_idx: np.ndarray) -> np.ndar
     return out
 
 
+def window_start_token(group: SchedulerGroup, end: int) -> int:
+    """First position kept for a hit ending at ``end`` in a sliding group.
+
+    vLLM itself keeps positions ``>= end - sliding_window + 1``; we keep one
+    more, so a window-size convention off by one elsewhere (e.g. vLLM-Ascend
+    specs) can never leave a needed position unstored. The cost is that a
+    chunk whose extra position sits in a freed block is not stored.
+    """
+    assert group.sliding_window is not None
+    return max(0, end - group.sliding_window)
+
+
 def _check_range(group: SchedulerGroup, start: int, end: int, chunk_size: int) -> None:
     if start < 0 or end <= start or end - start > chunk_size:
         raise ValueError(
@@ -71,16 +83,24 @@ def chunk_rows(
     first_row = start // ratio
     chunk_end_row = first_row + group.logical_rows(chunk_size)
     end_row = -(-end // ratio)  # ceil: a partially covered row is still written
-    # The stored rows are the last n_phys rows of the full chunk.
-    rows = np.arange(chunk_end_row - n_phys, chunk_end_row, dtype=np.int64)
+    # FULL: the chunk's rows. SLIDING: the n_phys rows ending at the window
+    # end (the chunk end, or `end` for a partial chunk).
+    hi = chunk_end_row
+    if group.kind is GroupKind.SLIDING:
+        hi = min(chunk_end_row, max(first_row + n_phys, end_row))
+    rows = np.arange(hi - n_phys, hi, dtype=np.int64)
     valid = rows < end_row
     if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
-        window_start = max(0, end - group.sliding_window) // ratio
-        valid &= rows >= window_start
+        valid &= rows >= window_start_token(group, end) // ratio
     blocks = _lookup_blocks(block_table, rows // bpr)
     real = blocks != NULL_BLOCK_ID
     ids = np.where(valid & real, blocks * bpr + rows % bpr, SKIP)
-    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()))
+    lost = 0
+    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
+        # A window ending mid-row of a partial chunk can need one row more
+        # than the fixed geometry holds: count it so a store is refused.
+        lost = max(0, int(rows[0]) - max(first_row, window_start_token(group, end) // ratio))
+    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()) + lost)
 
 
 def chunk_pages(
@@ -102,15 +122,22 @@ def chunk_pages(
     first = start // bs
     chunk_end_block = first + group.logical_pages(chunk_size)
     end_block = -(-end // bs)
-    idx = np.arange(chunk_end_block - n_phys, chunk_end_block, dtype=np.int64)
+    hi = chunk_end_block
+    if group.kind is GroupKind.SLIDING:
+        hi = min(chunk_end_block, max(first + n_phys, end_block))
+    idx = np.arange(hi - n_phys, hi, dtype=np.int64)
     valid = idx < end_block
     if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
-        window_start = max(0, end - group.sliding_window)
-        valid &= (idx + 1) * bs > window_start
+        valid &= (idx + 1) * bs > window_start_token(group, end)
     blocks = _lookup_blocks(block_table, idx)
     real = blocks != NULL_BLOCK_ID
     ids = np.where(valid & real, blocks, SKIP)
-    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()))
+    lost = 0
+    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
+        # A window ending mid-block (partial chunk) can touch one block more
+        # than the fixed geometry holds: count it so a store is refused.
+        lost = max(0, int(idx[0]) - max(first, window_start_token(group, end) // bs))
+    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()) + lost)
 
 
 def primary_group(groups: Sequence[SchedulerGroup], block_tables: Sequence[Sequence[int]]) -> int:

@@ -31,6 +31,10 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     """Group kind and sliding window of one vLLM spec."""
     if isinstance(spec, MambaSpec):
         return GroupKind.STATE, None
+    if not spec.prefix_cacheable:
+        # e.g. CircularBufferSpec: a per-request ring rewritten in place; its
+        # content is not a function of token positions we could restore.
+        return GroupKind.STATE, None
     if isinstance(spec, SlidingWindowSpec):
         return GroupKind.SLIDING, int(spec.sliding_window)
     if isinstance(spec, ChunkedLocalAttentionSpec):
@@ -46,6 +50,17 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     return GroupKind.STATE, None
 
 
+def _compress_ratio(spec: KVCacheSpec) -> int:
+    """Tokens per stored row. vLLM-Ascend's DSv4 specs call it
+    ``compress_ratio``; vLLM's own attention specs ``tokens_per_state``
+    (Mamba uses -1 there and Whisper a fraction below 1: not ratios)."""
+    ratio = getattr(spec, "compress_ratio", None)
+    if ratio is None and isinstance(spec, AttentionSpec):
+        tps = spec.tokens_per_state
+        ratio = tps if isinstance(tps, int) and tps >= 1 else 1
+    return int(ratio or 1)
+
+
 def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ...]:
     """One ``SchedulerGroup`` per vLLM KV cache group, index == group id."""
     out = []
@@ -58,9 +73,7 @@ def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ..
                 kind=kind,
                 spec_name=type(spec).__name__,
                 block_size=int(spec.block_size),
-                # vLLM-Ascend's compressed DSv4 specs carry compress_ratio;
-                # vLLM's own specs do not (ratio 1).
-                compress_ratio=int(getattr(spec, "compress_ratio", 1) or 1),
+                compress_ratio=_compress_ratio(spec),
                 sliding_window=window,
                 layer_names=tuple(group.layer_names),
             )
