@@ -154,6 +154,17 @@ void multi_layer_block_kv_transfer(py::handle paged_buffer_ptrs_tensor,
     }
   }
 
+  if (block_ids.device().is_cpu()) {
+    const at::Tensor c = block_ids.contiguous();
+    const int64_t* ids = c.data_ptr<int64_t>();
+    for (int64_t j = skip_prefix_n_blocks; j < n_ids; ++j) {
+      if (ids[j] < 0 || ids[j] >= nb) {
+        value_error("block_ids[", j, "] = ", ids[j], " is out of range: valid "
+                    "block ids are 0..", nb - 1, " (shape_desc.nb = ", nb, ")");
+      }
+    }
+  }
+
   if (backend == Backend::kAscend) {
     // One token-row launch per object; slots expanded on the ids' device.
     const at::Tensor ptrs = ptr_t.defined()
@@ -196,12 +207,6 @@ void multi_layer_block_kv_transfer(py::handle paged_buffer_ptrs_tensor,
   }
   const at::Tensor ids_t = block_ids.contiguous();
   const int64_t* ids = ids_t.data_ptr<int64_t>();
-  for (int64_t j = skip_prefix_n_blocks; j < n_ids; ++j) {
-    if (ids[j] < 0 || ids[j] >= nb) {
-      value_error("block_ids[", j, "] = ", ids[j], " is out of range: valid "
-                  "block ids are 0..", nb - 1, " (shape_desc.nb = ", nb, ")");
-    }
-  }
   // Each (object, kv) pair is one plane whose slot list covers the object's
   // chunk rows; rows of skipped or absent blocks are -1.
   std::vector<std::vector<int64_t>> obj_slots(num_objects,
@@ -265,6 +270,13 @@ void lmcache_memcpy_async(py::handle dest, py::handle src, int64_t nbytes,
                   " bytes) or src (", sn, " bytes), or a tensor is not "
                   "contiguous (dest ", d.is_contiguous(), ", src ",
                   s.is_contiguous(), ")");
+    }
+    if (backend == Backend::kAscend) {
+      // Tensors carry their devices: let torch_npu pick the copy kind.
+      if (nbytes == 0) return;
+      d.reshape({-1}).view(at::kByte).narrow(0, 0, nbytes).copy_(
+          s.reshape({-1}).view(at::kByte).narrow(0, 0, nbytes), /*non_blocking=*/true);
+      return;
     }
     dptr = reinterpret_cast<uint64_t>(d.data_ptr());
     sptr = reinterpret_cast<uint64_t>(s.data_ptr());

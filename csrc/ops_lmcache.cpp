@@ -91,6 +91,8 @@ void multi_layer_kv_transfer(const at::Tensor& key_value,
   const int64_t kv_stride = key_value.stride(0) * es;
   const int64_t layer_stride = key_value.stride(1) * es;
   auto* chunk = static_cast<uint8_t*>(key_value.data_ptr());
+  check_host_slots(slot_mapping, skip_prefix_n_tokens, slot_capacity(k.geom),
+                   "slot_mapping", slot_range_text(k.geom));
 
   if (backend == Backend::kAscend) {
     ascend::TokenRowsLaunch L;
@@ -133,9 +135,6 @@ void multi_layer_kv_transfer(const at::Tensor& key_value,
   }
   const at::Tensor slots = slot_mapping.contiguous();
   const int64_t* sp = slots.data_ptr<int64_t>();
-  const int64_t first = std::min(skip_prefix_n_tokens, n);
-  check_slots_in_range(sp + first, n - first, slot_capacity(k.geom),
-                       "slot_mapping", first, slot_range_text(k.geom));
   run_cpu_job(token_row_job(k, ptrs, num_layers, chunk, kv_stride,
                             layer_stride, sp, n, skip_prefix_n_tokens, d2h));
 }
@@ -218,6 +217,8 @@ void single_layer_kv_transfer(const at::Tensor& lmc, const at::Tensor& vllm,
   KvLayer kk = k;
   kk.geom = g;
   kk.v_offset = v_offset;
+  check_host_slots(slot_mapping, 0, slot_capacity(g), "slot_mapping",
+                   slot_range_text(g));
 
   if (backend == Backend::kAscend) {
     ascend::TokenRowsLaunch L;
@@ -239,8 +240,6 @@ void single_layer_kv_transfer(const at::Tensor& lmc, const at::Tensor& vllm,
   }
   const at::Tensor slots = slot_mapping.contiguous();
   const int64_t* sp = slots.data_ptr<int64_t>();
-  check_slots_in_range(sp, n, slot_capacity(g), "slot_mapping", 0,
-                       slot_range_text(g));
   run_cpu_job(token_row_job(kk, {vptr}, 1, chunk, lmc_kv_stride, 0, sp, n, 0,
                             d2h));
 }

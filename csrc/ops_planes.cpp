@@ -112,6 +112,19 @@ void multi_plane_kv_transfer(const at::Tensor& chunk,
   const int64_t* pp = ptrs.data_ptr<int64_t>();
   check_nonnull(pp, num_layers * P, "plane_ptrs", P);
 
+  for (int64_t p = 0; p < P; ++p) {
+    const at::Tensor plane_slots = slot_mapping.narrow(0, po[p], po[p + 1] - po[p]);
+    // Indices in messages are positions in slot_mapping.
+    if (plane_slots.device().is_cpu()) {
+      const at::Tensor c = plane_slots.contiguous();
+      check_slots_in_range(c.data_ptr<int64_t>(), c.numel(), slot_capacity(geoms[p]),
+                           "slot_mapping", po[p],
+                           msg("plane ", p, " has slots 0..", slot_capacity(geoms[p]) - 1,
+                               " (plane_num_blocks=", pnb[p], " x plane_block_sizes=",
+                               pbs[p], ")"));
+    }
+  }
+
   if (backend == Backend::kAscend) {
     ascend::MultiPlaneLaunch L;
     L.num_layers = num_layers;
@@ -132,11 +145,6 @@ void multi_plane_kv_transfer(const at::Tensor& chunk,
   job.num_layers = num_layers;
   job.to_chunk = to_chunk;
   for (int64_t p = 0; p < P; ++p) {
-    check_slots_in_range(sp + po[p], po[p + 1] - po[p], slot_capacity(geoms[p]),
-                         "slot_mapping", po[p],
-                         msg("plane ", p, " has slots 0..", slot_capacity(geoms[p]) - 1,
-                             " (plane_num_blocks=", pnb[p], " x plane_block_sizes=",
-                             pbs[p], ")"));
     job.planes.push_back(cpu::PlaneJob{geoms[p], sp + po[p], po[p + 1] - po[p], 0});
   }
   auto* base = static_cast<uint8_t*>(chunk.data_ptr());
@@ -177,6 +185,10 @@ void block_page_transfer(const at::Tensor& chunk, const at::Tensor& layer_ptrs,
   check_nonnull(pp, L, "layer_ptrs", 1);
   const PlaneGeom g = make_page_geom(page_bytes, block_stride_bytes, num_blocks);
 
+  check_host_slots(block_ids, 0, num_blocks, "block_ids",
+                   msg("valid block ids are 0..", num_blocks - 1,
+                       " (num_blocks = ", num_blocks, ")"));
+
   if (backend == Backend::kAscend) {
     ascend::BlockPagesLaunch La;
     La.num_layers = L;
@@ -191,9 +203,6 @@ void block_page_transfer(const at::Tensor& chunk, const at::Tensor& layer_ptrs,
   }
   const at::Tensor ids = block_ids.contiguous();
   const int64_t* ip = ids.data_ptr<int64_t>();
-  check_slots_in_range(ip, N, num_blocks, "block_ids", 0,
-                       msg("valid block ids are 0..", num_blocks - 1,
-                           " (num_blocks = ", num_blocks, ")"));
   cpu::RowJob job;
   job.num_layers = L;
   job.to_chunk = to_chunk;

@@ -153,6 +153,16 @@ void check_slots_in_range(const int64_t* slots, int64_t n, int64_t capacity,
   }
 }
 
+void check_host_slots(const at::Tensor& slots, int64_t first, int64_t capacity,
+                      const char* name, const std::string& what_is_valid) {
+  if (!slots.device().is_cpu()) return;
+  const at::Tensor c = slots.contiguous();
+  const int64_t n = c.numel();
+  first = std::min(std::max<int64_t>(first, 0), n);
+  check_slots_in_range(c.data_ptr<int64_t>() + first, n - first, capacity, name,
+                       first, what_is_valid);
+}
+
 std::vector<int64_t> pointer_table(py::handle obj, const char* name,
                                    std::vector<at::Tensor>* keep_tensors) {
   std::vector<int64_t> ptrs;

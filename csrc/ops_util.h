@@ -90,6 +90,12 @@ void check_slots_in_range(const int64_t* slots, int64_t n, int64_t capacity,
                           const char* name, int64_t index_base,
                           const std::string& what_is_valid);
 
+// check_slots_in_range over entries [first, numel) of a 1-D int64 tensor
+// when it lives on the host; device-resident lists are bounds-checked by the
+// kernels instead (they skip out-of-range entries).
+void check_host_slots(const at::Tensor& slots, int64_t first, int64_t capacity,
+                      const char* name, const std::string& what_is_valid);
+
 // Pointer table: list[Tensor] (data_ptr of each) or 1-D int64 tensor of
 // addresses.  Returns the addresses; raises on null entries.
 std::vector<int64_t> pointer_table(py::handle obj, const char* name,

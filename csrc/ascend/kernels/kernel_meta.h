@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+// Word layout of the int64 "meta" array each AscendC kernel receives in GM.
+//
+// The host launcher (csrc/ascend/launchers.cpp) packs it with the *_pack
+// helpers, the kernels (copy_kernels.h) unpack it with geom_from_words; both
+// include this header, so the two sides cannot drift.  Plain C++, usable as
+// AscendC device code (LMCA_INLINE is defined by the kernel TU).
+#pragma once
+
+#include "lmcache_ascend/addressing.h"
+
+namespace lmca {
+
+// PlaneGeom as kGeomWords consecutive int64 words.
+enum GeomWord : int64_t {
+  kGwBlockSize = 0,
+  kGwNumBlocks,
+  kGwBlockStride,
+  kGwRowStride,
+  kGwNumSegs,
+  kGwSegBytes,
+  kGwSegStride,
+  kGwChunkRowStride,
+  kGwChunkSegStride,
+  kGeomWords
+};
+
+LMCA_INLINE void geom_to_words(const PlaneGeom& g, int64_t* w) {
+  w[kGwBlockSize] = g.block_size;
+  w[kGwNumBlocks] = g.num_blocks;
+  w[kGwBlockStride] = g.block_stride;
+  w[kGwRowStride] = g.row_stride;
+  w[kGwNumSegs] = g.num_segs;
+  w[kGwSegBytes] = g.seg_bytes;
+  w[kGwSegStride] = g.seg_stride;
+  w[kGwChunkRowStride] = g.chunk_row_stride;
+  w[kGwChunkSegStride] = g.chunk_seg_stride;
+}
+
+// `read(i)` returns word i of the meta array (GM reader on the device).
+template <typename Reader>
+LMCA_INLINE PlaneGeom geom_from_words(const Reader& read, int64_t base) {
+  PlaneGeom g;
+  g.block_size = read(base + kGwBlockSize);
+  g.num_blocks = read(base + kGwNumBlocks);
+  g.block_stride = read(base + kGwBlockStride);
+  g.row_stride = read(base + kGwRowStride);
+  g.num_segs = read(base + kGwNumSegs);
+  g.seg_bytes = read(base + kGwSegBytes);
+  g.seg_stride = read(base + kGwSegStride);
+  g.chunk_row_stride = read(base + kGwChunkRowStride);
+  g.chunk_seg_stride = read(base + kGwChunkSegStride);
+  return g;
+}
+
+// Token-row kernel (LMCache formats): geometry, then these words.
+enum TokenRowsWord : int64_t {
+  kTrNumLayers = kGeomWords,
+  kTrNumKv,
+  kTrNumTokens,
+  kTrSkipPrefix,
+  kTrVPlaneOffset,
+  kTrChunkKvStride,
+  kTrChunkLayerStride,
+  kTrToChunk,
+  kTokenRowsWords
+};
+
+// Multi-plane kernel: header words, then P geometries, then slot offsets
+// [P + 1], plane prefix bytes [P + 1] and plane pointers [L * P].
+enum MultiPlaneWord : int64_t {
+  kMpNumLayers = 0,
+  kMpNumPlanes,
+  kMpToChunk,
+  kMpHeaderWords
+};
+
+LMCA_INLINE int64_t mp_geom_base(int64_t plane) {
+  return kMpHeaderWords + plane * kGeomWords;
+}
+LMCA_INLINE int64_t mp_offsets_base(int64_t num_planes) {
+  return kMpHeaderWords + num_planes * kGeomWords;
+}
+LMCA_INLINE int64_t mp_prefix_base(int64_t num_planes) {
+  return mp_offsets_base(num_planes) + num_planes + 1;
+}
+LMCA_INLINE int64_t mp_ptrs_base(int64_t num_planes) {
+  return mp_prefix_base(num_planes) + num_planes + 1;
+}
+LMCA_INLINE int64_t mp_meta_words(int64_t num_layers, int64_t num_planes) {
+  return mp_ptrs_base(num_planes) + num_layers * num_planes;
+}
+
+// Block-page kernel: geometry, then these words, then layer pointers [L].
+enum BlockPagesWord : int64_t {
+  kBpNumLayers = kGeomWords,
+  kBpNumPages,
+  kBpPageBytes,
+  kBpToChunk,
+  kBpHeaderWords
+};
+
+}  // namespace lmca
