@@ -233,8 +233,3 @@ def register_config_keys() -> None:
         for spec in _KEYS:
             setattr(cls, spec.key, spec.default)
 
-
-def config_key_specs() -> tuple[tuple[str, str, Any, str], ...]:
-    """(key, type name, default, description) for docs and ``explain``."""
-    return tuple((k.key, k.type_.__name__, k.default, k.description) for k in _KEYS)
-

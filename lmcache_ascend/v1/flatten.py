@@ -69,12 +69,6 @@ class PlacedPlane:
         head = f".h{self.head}" if self.head else ""
         return f"{p.layer_name}[{p.plane_index}]{head}"
 
-    @property
-    def kernel_rows_per_block(self) -> int:
-        """Rows per block as the multi-plane op sees them: pages are moved
-        as one-row blocks of ``page_bytes``."""
-        return 1 if self.plane.granularity is Granularity.PAGE else self.plane.block_size
-
 
 @dataclass(frozen=True)
 class LayerPlanes:
