@@ -9,7 +9,7 @@ Measured in one run on the same bytes:
     needs one torch_ops call per plane (MLA format on uint8 rows).
   * Ceiling: torch.Tensor.copy_ of equally many contiguous bytes.
 
-Usage: python bench/bench_kernels.py [--threads 2] [--repeat 30]
+Usage: python bench/bench_kernels.py [--threads 2] [--repeat 15]
 """
 
 from __future__ import annotations
@@ -31,16 +31,28 @@ import lmcache_ascend.ops as ops
 CPU = torch.device("cpu")
 
 
-def timed(fn, repeat: int) -> float:
-    """Median seconds of fn() after warm-up."""
-    for _ in range(3):
+def timed_interleaved(fns: dict[str, object], repeat: int) -> dict[str, float]:
+    """Median seconds per fn; rounds run every fn once, so load from other
+    processes on a shared machine hits all candidates alike."""
+    for fn in fns.values():
         fn()
-    samples = []
+    samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            samples[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+def plain_copies(nbytes: int) -> dict[str, object]:
+    """Ceilings on nbytes contiguous bytes: torch copy_ (the reference the
+    targets use) and np.copyto (one libc memcpy on one thread)."""
+    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
+    dst = torch.zeros_like(src)
+    a, b = src.numpy(), dst.numpy()
+    return {"plain copy_ (ceiling)": lambda: dst.copy_(src),
+            "np.copyto (1 memcpy)": lambda: np.copyto(b, a)}
 
 
 def shuffled_slots(num_tokens: int, block_size: int, num_blocks: int, gen) -> torch.Tensor:
@@ -49,7 +61,7 @@ def shuffled_slots(num_tokens: int, block_size: int, num_blocks: int, gen) -> to
     return slots[:num_tokens].to(torch.int64)
 
 
-def bench_token_rows(repeat: int, gen) -> tuple[int, dict[str, float]]:
+def token_rows_case(gen) -> tuple[int, dict[str, object]]:
     nl, nh, hs, bs, tokens, nb = 32, 8, 128, 16, 256, 128
     h = nh * hs
     fmt = EngineKVFormat.NL_X_TWO_NB_BS_NH_HS
@@ -69,10 +81,11 @@ def bench_token_rows(repeat: int, gen) -> tuple[int, dict[str, float]]:
             kv, flat, slots, CPU, nb * bs, direction, fmt, block_size=bs, head_size=hs)
 
     return nbytes, {
-        "ours store": timed(ours(TransferDirection.D2H), repeat),
-        "ours load": timed(ours(TransferDirection.H2D), repeat),
-        "torch baseline store": timed(base(TransferDirection.D2H), max(3, repeat // 5)),
-        "torch baseline load": timed(base(TransferDirection.H2D), max(3, repeat // 5)),
+        **plain_copies(nbytes),
+        "ours store": ours(TransferDirection.D2H),
+        "ours load": ours(TransferDirection.H2D),
+        "torch baseline store": base(TransferDirection.D2H),
+        "torch baseline load": base(TransferDirection.H2D),
     }
 
 
@@ -80,7 +93,7 @@ def bench_token_rows(repeat: int, gen) -> tuple[int, dict[str, float]]:
 DSV4_PLANES = [(64, 584, 64), (64, 132, 64), (64, 1024, 128), (8, 584, 2)]
 
 
-def bench_multi_plane(repeat: int, gen) -> tuple[int, dict[str, float]]:
+def multi_plane_case(gen) -> tuple[int, dict[str, object]]:
     nl, nb = 43, 64
     pools = [[torch.randint(0, 255, (nb * bs * rb,), dtype=torch.uint8) for bs, rb, _ in DSV4_PLANES]
              for _ in range(nl)]
@@ -118,23 +131,12 @@ def bench_multi_plane(repeat: int, gen) -> tuple[int, dict[str, float]]:
         return run
 
     return nbytes, {
-        "ours store": timed(ours(True), repeat),
-        "ours load": timed(ours(False), repeat),
-        "torch baseline store": timed(base(TransferDirection.D2H), max(3, repeat // 5)),
-        "torch baseline load": timed(base(TransferDirection.H2D), max(3, repeat // 5)),
+        **plain_copies(nbytes),
+        "ours store": ours(True),
+        "ours load": ours(False),
+        "torch baseline store": base(TransferDirection.D2H),
+        "torch baseline load": base(TransferDirection.H2D),
     }
-
-
-def bench_plain_copy(nbytes: int, repeat: int) -> tuple[float, float]:
-    """(torch copy_, numpy copyto) seconds for nbytes contiguous bytes.
-
-    copy_ is the ceiling the targets refer to; np.copyto (one libc memcpy on
-    one thread) is printed too because copy_ is not always the fastest copy.
-    """
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8)
-    dst = torch.zeros_like(src)
-    a, b = src.numpy(), dst.numpy()
-    return timed(lambda: dst.copy_(src), repeat), timed(lambda: np.copyto(b, a), repeat)
 
 
 def machine() -> str:
@@ -149,13 +151,13 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} logical CPUs"
 
 
-def report(title: str, nbytes: int, times: dict[str, float], ceilings: tuple[float, float]) -> None:
+def report(title: str, nbytes: int, times: dict[str, float]) -> None:
     gbps = lambda s: nbytes / s / 1e9  # noqa: E731
-    copy_, memcpy = ceilings
+    copy_ = times["plain copy_ (ceiling)"]
+    memcpy = times["np.copyto (1 memcpy)"]
     print(f"\n{title}: {nbytes / 2**20:.2f} MiB per transfer")
     print(f"  {'op':<26}{'GB/s':>8}{'us':>9}{'x copy_':>9}{'x memcpy':>10}")
-    rows = {"plain copy_ (ceiling)": copy_, "np.copyto (1 memcpy)": memcpy, **times}
-    for name, s in rows.items():
+    for name, s in times.items():
         print(f"  {name:<26}{gbps(s):>8.2f}{s * 1e6:>9.0f}{copy_ / s:>9.2f}{memcpy / s:>10.2f}")
     for d in ("store", "load"):
         ratio = times[f"torch baseline {d}"] / times[f"ours {d}"]
@@ -165,18 +167,19 @@ def report(title: str, nbytes: int, times: dict[str, float], ceilings: tuple[flo
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--repeat", type=int, default=15)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     gen = torch.Generator().manual_seed(0)
     print(f"machine: {machine()}; torch {torch.__version__}, threads={torch.get_num_threads()}")
-    print(f"lmcache_ascend.ops backends: {ops.built_backends()}")
-    nbytes, times = bench_token_rows(a.repeat, gen)
-    report("Llama-like token rows (32 layers, 8x128 bf16, 256 tokens, block 16)", nbytes, times,
-           bench_plain_copy(nbytes, a.repeat))
-    nbytes, times = bench_multi_plane(a.repeat, gen)
-    report("DSv4-like multi-plane (43 layers, 4 planes, 256 tokens)", nbytes, times,
-           bench_plain_copy(nbytes, a.repeat))
+    print(f"lmcache_ascend.ops backends: {ops.built_backends()}; "
+          f"median of {a.repeat} interleaved rounds")
+    nbytes, fns = token_rows_case(gen)
+    report("Llama-like token rows (32 layers, 8x128 bf16, 256 tokens, block 16)", nbytes,
+           timed_interleaved(fns, a.repeat))
+    nbytes, fns = multi_plane_case(gen)
+    report("DSv4-like multi-plane (43 layers, 4 planes, 256 tokens)", nbytes,
+           timed_interleaved(fns, a.repeat))
 
 
 if __name__ == "__main__":
