@@ -163,3 +163,16 @@ def test_threads_do_not_change_results(native, gen):
     finally:
         torch.set_num_threads(old)
     assert_bytes_equal(outs[0], outs[1], "1 vs 2 threads")
+
+
+def test_pointer_list_and_plain_ints(native, gen):
+    """key_value_ptrs may be a list of tensors; direction/format may be ints."""
+    fmt = ref.NB_TWO_NH_BS_HS
+    c = _make_case(fmt, torch.float16, gen, padded=True)
+    a, b = torch.zeros_like(c["kv"]), torch.zeros_like(c["kv"])
+    _run_native(native, fmt, c, a, c["pools"], True)
+    native.multi_layer_kv_transfer(
+        b, list(c["pools"]), c["slots"], "cpu", c["nb"] * c["bs"], 1, fmt,
+        block_size=c["bs"], head_size=c["hs"], skip_prefix_n_tokens=c["skip"],
+        block_stride_elems=c["stride"])
+    assert_bytes_equal(a, b, "list-of-tensors vs pointer tensor")
