@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import struct
+import zlib
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import torch
@@ -36,6 +38,23 @@ _NON_CRYPTO_HASHES = ("builtin", "xxhash", "xxhash_cbor")
 DETERMINISTIC_HASH = "sha256_cbor"
 
 
+# Bytes after the payload: crc32 of the payload, then a magic tag that says
+# the checksum was written (a chunk stored without checksums has zeros).
+TRAILER_BYTES = 8
+_MAGIC = b"LMCA"
+
+
+def buffer_shape(chunk_bytes: int, chunk_size: int) -> torch.Size:
+    """Shape of one chunk's MemoryObj.
+
+    LMCache's default memory format reads the token count from dim 2, so the
+    flat buffer (payload + trailer, padded up) is shaped
+    ``[1, 1, chunk_size, row]``; only the first bytes are used.
+    """
+    total = chunk_bytes + TRAILER_BYTES
+    return torch.Size([1, 1, chunk_size, -(-total // chunk_size)])
+
+
 @dataclasses.dataclass
 class ChunkBufferMetadata(LMCacheMetadata):
     """LMCache metadata whose chunk is one flat byte buffer of a fixed size."""
@@ -43,7 +62,7 @@ class ChunkBufferMetadata(LMCacheMetadata):
     chunk_bytes: int = 0
 
     def get_shapes(self, num_tokens: Optional[int] = None) -> list[torch.Size]:
-        return [torch.Size([self.chunk_bytes])]
+        return [buffer_shape(self.chunk_bytes, self.chunk_size)]
 
     def get_dtypes(self) -> list[torch.dtype]:
         return [torch.uint8]
@@ -129,12 +148,24 @@ class TransferContext:
 
 @dataclasses.dataclass
 class ChunkIOStats:
-    """Per-call counters, read and reset by the worker after each call."""
+    """Counters, plus where the last retrieve stopped being usable."""
 
     chunks: int = 0
     bytes: int = 0
-    incomplete: int = 0
-    failed: int = 0
+    checksum_failures: int = 0
+    load_failures: int = 0
+    # Token start of the first chunk of the current retrieve that could not
+    # be loaded (bad checksum, copy error); later chunks are not loaded.
+    failed_from: Optional[int] = None
+
+
+class ChunkCorrupted(RuntimeError):
+    """A chunk whose bytes do not match the checksum written at store time."""
+
+
+def _crc(payload: torch.Tensor) -> int:
+    # zlib releases the GIL on large buffers and runs at several GB/s.
+    return zlib.crc32(memoryview(payload.numpy()))
 
 
 class PagedChunkConnector(GPUConnectorInterface):
@@ -147,16 +178,48 @@ class PagedChunkConnector(GPUConnectorInterface):
     def __init__(
         self,
         chunk_bytes: int,
+        chunk_size: int,
         store: Callable[[torch.Tensor, ChunkRequest], Any],
         load: Callable[[torch.Tensor, ChunkRequest], Any],
+        checksums: bool = True,
     ) -> None:
         self.chunk_bytes = chunk_bytes
+        self.chunk_size = chunk_size
         self._store = store
         self._load = load
+        self.checksums = checksums
         self.stats = ChunkIOStats()
 
     def get_shape(self, num_tokens: int) -> torch.Size:
-        return torch.Size([self.chunk_bytes])
+        return buffer_shape(self.chunk_bytes, self.chunk_size)
+
+    def _seal(self, buf: torch.Tensor) -> None:
+        trailer = buf[self.chunk_bytes : self.chunk_bytes + TRAILER_BYTES]
+        if self.checksums:
+            crc = _crc(buf[: self.chunk_bytes])
+            trailer.copy_(torch.frombuffer(bytearray(struct.pack("<I", crc) + _MAGIC), dtype=torch.uint8))
+        else:
+            trailer.zero_()
+
+    def _verify(self, buf: torch.Tensor, start: int) -> None:
+        """Refuse a chunk whose size or checksum is wrong, before any byte
+        of it reaches vLLM's KV cache."""
+        if buf.numel() < self.chunk_bytes + TRAILER_BYTES:
+            raise ChunkCorrupted(
+                f"chunk at token {start}: {buf.numel()} bytes, expected at least "
+                f"{self.chunk_bytes + TRAILER_BYTES} (truncated or from another layout)"
+            )
+        if not self.checksums:
+            return
+        trailer = bytes(buf[self.chunk_bytes : self.chunk_bytes + TRAILER_BYTES].numpy())
+        if trailer[4:] != _MAGIC:
+            raise ChunkCorrupted(f"chunk at token {start}: no checksum trailer")
+        (want,) = struct.unpack("<I", trailer[:4])
+        got = _crc(buf[: self.chunk_bytes])
+        if got != want:
+            raise ChunkCorrupted(
+                f"chunk at token {start}: checksum {got:#010x} != stored {want:#010x}"
+            )
 
     @staticmethod
     def _buffer(memory_obj: MemoryObj) -> torch.Tensor:
@@ -190,7 +253,9 @@ class PagedChunkConnector(GPUConnectorInterface):
     ) -> None:
         ctx = self._ctx(kwargs)
         for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self._store(self._buffer(obj), ChunkRequest(start, end, ctx.block_ids))
+            buf = self._buffer(obj)
+            self._store(buf, ChunkRequest(start, end, ctx.block_ids))
+            self._seal(buf)
             self.stats.chunks += 1
             self.stats.bytes += self.chunk_bytes
 
@@ -202,7 +267,28 @@ class PagedChunkConnector(GPUConnectorInterface):
         **kwargs,
     ) -> None:
         ctx = self._ctx(kwargs)
-        for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            self._load(self._buffer(obj), ChunkRequest(start, end, ctx.block_ids))
+        # LMCache hands chunks in token order; once one is unusable, later
+        # ones are useless to vLLM (it recomputes from the first bad token).
+        order = sorted(range(len(starts)), key=lambda i: starts[i])
+        for i in order:
+            obj, start, end = memory_objs[i], starts[i], ends[i]
+            if self.stats.failed_from is not None and start >= self.stats.failed_from:
+                continue
+            try:
+                buf = self._buffer(obj)
+                self._verify(buf, start)
+                self._load(buf, ChunkRequest(start, end, ctx.block_ids))
+            except ChunkCorrupted as exc:
+                self.stats.checksum_failures += 1
+                self.stats.failed_from = start
+                logger.warning("lmcache-ascend: request %s: %s; not loaded", ctx.req_id, exc)
+                continue
+            except Exception:  # noqa: BLE001 - reported as a load error
+                self.stats.load_failures += 1
+                self.stats.failed_from = start
+                logger.exception(
+                    "lmcache-ascend: request %s: loading chunk at token %d failed", ctx.req_id, start
+                )
+                continue
             self.stats.chunks += 1
             self.stats.bytes += self.chunk_bytes

@@ -141,7 +141,13 @@ def build_worker_half(
     hints = worker_layout_hints(vllm_config)
     plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
     transfer = ChunkTransfer(plan)
-    connector = PagedChunkConnector(plan.chunk_bytes, transfer.store, transfer.load)
+    connector = PagedChunkConnector(
+        plan.chunk_bytes,
+        setup.chunk_size,
+        transfer.store,
+        transfer.load,
+        checksums=checksums_enabled(setup.lmcache_config),
+    )
     metadata = _metadata(
         setup,
         "worker",
@@ -149,6 +155,11 @@ def build_worker_half(
         len(kv_caches),
         vllm_layout.kv_transfer_extra_config(vllm_config),
     )
+    # Chunk keys carry the model name; adding the buffer layout's fingerprint
+    # keeps chunks of different layouts (e.g. bundled vs exploded, another
+    # chunk size) apart in shared or persistent storage.
+    # ("@" separates key fields in LMCache's key strings, so use "+".)
+    metadata.model_name = f"{setup.model_name}+{plan.layout_fingerprint}"
     instance_id = f"{ENGINE_INSTANCE_PREFIX}-{setup.engine_id}-{setup.rank}"
     with _engine_lock:
         engine = LMCacheEngineBuilder.get_or_create(
@@ -178,6 +189,12 @@ def build_worker_half(
         json.dumps(dataclasses.asdict(description), default=str, separators=(",", ":")),
     )
     return half, plan, server
+
+
+def checksums_enabled(config: Any) -> bool:
+    """Chunks that leave this process (disk, remote) can come back damaged;
+    LMCache 0.5.6 does not verify them, so we checksum every chunk then."""
+    return bool(config.local_disk or config.remote_url)
 
 
 def worker_layout_hints(vllm_config: Any):

@@ -123,6 +123,8 @@ class WorkerHalf:
         )
         t0 = time.perf_counter()
         loaded_end = skip_aligned
+        io = self.engine.gpu_connector.stats
+        io.failed_from = None
         try:
             ret = self.engine.retrieve(
                 tokens, mask=mask, req_id=req.req_id, lmcache_ascend_ctx=ctx
@@ -130,6 +132,8 @@ class WorkerHalf:
             got = ret[skip_aligned:]
             # Retrieved chunks form a prefix of the requested range.
             loaded_end = skip_aligned + (int(got.long().cumprod(0).sum()) if got.numel() else 0)
+            if io.failed_from is not None:
+                loaded_end = min(loaded_end, io.failed_from)
         except Exception:  # noqa: BLE001 - a failed load must cost speed only
             logger.exception(
                 "lmcache-ascend: load of request %s failed; vLLM will recompute "
