@@ -70,6 +70,9 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self._worker = None
         self._lookup_server = None
         self.plan = None
+        from lmcache_ascend.integration.vllm.stats import Counters
+
+        self._sched_reported = Counters()
         if role == KVConnectorRole.SCHEDULER:
             from lmcache_ascend.integration.vllm.runtime import build_scheduler_half
 
@@ -124,6 +127,36 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[Optional[set[str]], Optional[set[str]]]:
         # Loads and stores complete inside the step that issues them.
         return None, None
+
+    # ==== stats (both roles) ===============================================
+
+    def get_kv_connector_stats(self):
+        from lmcache_ascend.integration.vllm.stats import AscendConnectorStats, Counters
+
+        if self._worker is not None:
+            delta = self._worker.take_stats()
+        elif self._scheduler is not None:
+            st = self._scheduler.stats
+            now = Counters(lookup_requests=st.lookups, hit_tokens=st.lookup_hit_tokens)
+            delta = now.minus(self._sched_reported)
+            self._sched_reported = now
+        else:
+            return None
+        if not delta.any():
+            return None
+        return AscendConnectorStats(data=delta.as_dict())
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None):
+        from lmcache_ascend.integration.vllm.stats import AscendConnectorStats
+
+        return AscendConnectorStats(data=dict(data)) if data else AscendConnectorStats()
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        from lmcache_ascend.integration.vllm.stats import AscendPromMetrics
+
+        return AscendPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         if self._worker is None:

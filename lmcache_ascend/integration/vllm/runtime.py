@@ -179,6 +179,7 @@ def build_worker_half(
         transfer,
         plan.chunk_bytes,
         frozenset(plan.stored_groups),
+        group_bytes=plan.group_bytes(),
     )
     half.instance_id = instance_id  # type: ignore[attr-defined]
     description = plan.describe()

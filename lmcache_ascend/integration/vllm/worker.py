@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from lmcache_ascend.integration.vllm.stats import Counters
 from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StepTransfers
 from lmcache_ascend.v1.engine_glue import TransferContext
 from lmcache_ascend.v1.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
@@ -19,20 +20,15 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class WorkerStats:
-    """Cumulative counters; the connector turns deltas into vLLM stats."""
+class RequestRecord:
+    """What happened to one request on this worker; logged when it ends."""
 
-    load_requests: int = 0
+    hit_tokens: int = 0
+    vllm_tokens: int = 0  # what vLLM already had locally at the load
     loaded_tokens: int = 0
-    loaded_bytes: int = 0
-    load_seconds: float = 0.0
-    load_errors: int = 0
     stored_tokens: int = 0
-    stored_bytes: int = 0
-    store_seconds: float = 0.0
-    store_failures: int = 0
-    skipped_incomplete_chunks: int = 0
-    stored_bytes_by_group: dict[int, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    load_error: bool = False
 
 
 def mask_prefix_blocks(
@@ -87,6 +83,7 @@ class WorkerHalf:
         transfer: Any,
         chunk_bytes: int,
         stored_groups: frozenset[int],
+        group_bytes: Optional[Mapping[int, int]] = None,
     ) -> None:
         self.groups = tuple(groups)
         self.chunk_size = chunk_size
@@ -96,8 +93,27 @@ class WorkerHalf:
         self.stored_groups = stored_groups
         self._stored_group_list = tuple(g for g in self.groups if g.index in stored_groups)
         self._load_errors: set[int] = set()
-        self.stats = WorkerStats()
-        self.request_log: list[str] = []
+        self.stats = Counters()
+        self._reported = Counters()
+        # Stored bytes per chunk per scheduler group, for per-group logs.
+        self.group_bytes = dict(group_bytes or {})
+        self._records: dict[str, RequestRecord] = {}
+
+    def _record(self, req_id: str) -> RequestRecord:
+        rec = self._records.get(req_id)
+        if rec is None:
+            rec = self._records[req_id] = RequestRecord()
+        return rec
+
+    def _per_group(self, tokens: int) -> str:
+        chunks = tokens // self.chunk_size
+        return ", ".join(f"g{g}={chunks * n}B" for g, n in sorted(self.group_bytes.items())) or "-"
+
+    def take_stats(self) -> Counters:
+        """Counter deltas since the previous call (for vLLM's stats hooks)."""
+        delta = self.stats.minus(self._reported)
+        self._reported = Counters(**self.stats.as_dict())
+        return delta
 
     # ---- loads -----------------------------------------------------------
 
@@ -153,12 +169,17 @@ class WorkerHalf:
         self.stats.loaded_tokens += loaded
         self.stats.loaded_bytes += (loaded_end - skip_aligned) // self.chunk_size * self.chunk_bytes
         self.stats.load_seconds += dt
+        rec = self._record(req.req_id)
+        rec.hit_tokens, rec.vllm_tokens = spec.hit_tokens, spec.skip_tokens
+        rec.loaded_tokens += loaded
+        rec.seconds += dt
         if loaded_end < spec.hit_tokens:
             bad = blocks_for_range(
                 self.groups, req.block_ids, max(loaded_end, spec.skip_tokens), spec.hit_tokens
             )
             self._load_errors |= bad
             self.stats.load_errors += 1
+            rec.load_error = True
             logger.warning(
                 "lmcache-ascend: request %s: loaded %d of %d hit tokens; %d block(s) "
                 "reported for recomputation",
@@ -167,7 +188,7 @@ class WorkerHalf:
                 spec.hit_tokens - spec.skip_tokens,
                 len(bad),
             )
-        logger.info(
+        logger.debug(
             "lmcache-ascend: request %s load: hit %d tokens (vLLM had %d), loaded %d "
             "tokens in %.4f s",
             req.req_id,
@@ -240,8 +261,11 @@ class WorkerHalf:
         self.stats.stored_tokens += stored
         self.stats.stored_bytes += stored // self.chunk_size * self.chunk_bytes
         self.stats.store_seconds += dt
+        rec = self._record(req.req_id)
+        rec.stored_tokens += stored
+        rec.seconds += dt
         if stored:
-            logger.info(
+            logger.debug(
                 "lmcache-ascend: request %s store: %d tokens (%d chunks) in %.4f s",
                 req.req_id,
                 stored,
@@ -257,3 +281,18 @@ class WorkerHalf:
                 self.engine.lookup_unpin(req_id)
             except Exception:  # noqa: BLE001
                 logger.exception("lmcache-ascend: unpinning %s failed", req_id)
+            rec = self._records.pop(req_id, None)
+            if rec is not None:
+                logger.info(
+                    "lmcache-ascend: request %s: hit %d tokens (vLLM had %d), loaded %d "
+                    "tokens [%s]%s, stored %d tokens [%s], %.4f s in transfers",
+                    req_id,
+                    rec.hit_tokens,
+                    rec.vllm_tokens,
+                    rec.loaded_tokens,
+                    self._per_group(rec.loaded_tokens),
+                    " (load error: recomputed)" if rec.load_error else "",
+                    rec.stored_tokens,
+                    self._per_group(rec.stored_tokens),
+                    rec.seconds,
+                )

@@ -1,0 +1,124 @@
+"""KV-connector stats and Prometheus metrics through vLLM's connector hooks.
+
+Workers (and the scheduler, for lookups) return counter deltas each step via
+``get_kv_connector_stats``; vLLM aggregates them, logs them periodically
+and feeds ``AscendPromMetrics.observe`` for ``/metrics``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+    PromMetric,
+    PromMetricT,
+)
+
+
+@dataclass
+class Counters:
+    """Everything we count. All fields are additive."""
+
+    lookup_requests: int = 0
+    hit_tokens: int = 0
+    load_requests: int = 0
+    loaded_tokens: int = 0
+    loaded_bytes: int = 0
+    load_seconds: float = 0.0
+    load_errors: int = 0
+    stored_tokens: int = 0
+    stored_bytes: int = 0
+    store_seconds: float = 0.0
+    store_failures: int = 0
+    skipped_incomplete_chunks: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def minus(self, other: "Counters") -> "Counters":
+        return Counters(**{k: v - getattr(other, k) for k, v in self.as_dict().items()})
+
+    def any(self) -> bool:
+        return any(self.as_dict().values())
+
+
+COUNTER_NAMES = tuple(f.name for f in fields(Counters))
+
+
+@dataclass
+class AscendConnectorStats(KVConnectorStats):
+    """Serializable counter deltas (``data``: name -> number)."""
+
+    def __post_init__(self) -> None:
+        if not self.data:
+            self.reset()
+
+    def reset(self) -> None:
+        self.data = {name: 0 for name in COUNTER_NAMES}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.get(name, 0) for name in COUNTER_NAMES)
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name in COUNTER_NAMES:
+            self.data[name] = self.data.get(name, 0) + other.data.get(name, 0)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out: dict[str, int | float] = {
+            name: round(v, 4) if isinstance(v, float) else v for name, v in self.data.items()
+        }
+        if self.data.get("load_seconds"):
+            out["load_GBps"] = round(self.data["loaded_bytes"] / self.data["load_seconds"] / 1e9, 3)
+        if self.data.get("store_seconds"):
+            out["store_GBps"] = round(self.data["stored_bytes"] / self.data["store_seconds"] / 1e9, 3)
+        return out
+
+
+_DOCS = {
+    "lookup_requests": "Requests looked up in LMCache.",
+    "hit_tokens": "Prompt tokens found in LMCache (chunk-aligned hits).",
+    "load_requests": "Requests whose KV was loaded from LMCache.",
+    "loaded_tokens": "Tokens whose KV was loaded from LMCache.",
+    "loaded_bytes": "Bytes copied from LMCache into vLLM's KV cache.",
+    "load_seconds": "Seconds spent loading KV from LMCache.",
+    "load_errors": "Loads that failed or were partial (recomputed by vLLM).",
+    "stored_tokens": "Tokens whose KV was stored into LMCache.",
+    "stored_bytes": "Bytes copied from vLLM's KV cache into LMCache.",
+    "store_seconds": "Seconds spent storing KV into LMCache.",
+    "store_failures": "Store calls that failed (the request continued).",
+    "skipped_incomplete_chunks": "Chunks not stored because a needed block was vLLM's null block.",
+}
+
+
+class AscendPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per field, ``vllm:lmcache_ascend_<name>_total``."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type[PromMetric], type[PromMetricT]],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self._counters = {
+            name: self._counter_cls(
+                name=f"vllm:lmcache_ascend_{name}_total",
+                documentation=_DOCS[name],
+                labelnames=labelnames,
+            )
+            for name in COUNTER_NAMES
+        }
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        if not transfer_stats_data:
+            return
+        labels = self.per_engine_labelvalues[engine_idx]
+        for name, counter in self._counters.items():
+            value = transfer_stats_data.get(name, 0)
+            if value:
+                counter.labels(*labels).inc(value)
