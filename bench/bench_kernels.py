@@ -72,8 +72,9 @@ def token_rows_case(gen) -> tuple[int, dict[str, object]]:
     slots = shuffled_slots(tokens, bs, nb, gen)
     nbytes = kv.numel() * kv.element_size()
 
+    # `keep` holds the pools: the op only sees their raw addresses.
     def ours(direction):
-        return lambda: ops.multi_layer_kv_transfer(
+        return lambda _keep=layers: ops.multi_layer_kv_transfer(
             kv, ptrs, slots, CPU, nb * bs, direction, fmt, block_size=bs, head_size=hs)
 
     def base(direction):
@@ -119,8 +120,9 @@ def multi_plane_case(gen) -> tuple[int, dict[str, object]]:
     base_layers = [[pools[l][p].view(nb * bs, rb) for l in range(nl)]
                    for p, (bs, rb, _) in enumerate(DSV4_PLANES)]
 
+    # `keep` holds the pools: the op only sees their raw addresses.
     def ours(to_chunk):
-        return lambda: ops.multi_plane_kv_transfer(chunk, to_chunk=to_chunk, **args)
+        return lambda _keep=pools: ops.multi_plane_kv_transfer(chunk, to_chunk=to_chunk, **args)
 
     def base(direction):
         def run():
