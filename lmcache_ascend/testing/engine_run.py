@@ -57,6 +57,7 @@ class Completion:
     num_cached_tokens: int
     seconds: float  # wall time of a sequential generate call (NaN in batches)
     ttft: float  # vLLM's first-token latency for this request
+    num_preemptions: int = 0
 
 
 @dataclass
@@ -129,8 +130,11 @@ def run(s: Scenario, progress=None) -> list[PhaseResult]:
                 c = o.outputs[0]
                 lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs or [])]
                 ttft = float(getattr(o.metrics, "first_token_latency", float("nan")) or float("nan"))
+                preempted = int(getattr(o.metrics, "num_preemptions", 0) or 0)
                 comps.append(
-                    Completion(list(c.token_ids), lps, int(o.num_cached_tokens or 0), secs, ttft)
+                    Completion(
+                        list(c.token_ids), lps, int(o.num_cached_tokens or 0), secs, ttft, preempted
+                    )
                 )
             results.append(PhaseResult(phase.name, comps, dt))
     finally:

@@ -1,0 +1,64 @@
+"""Entry routes, engine modes, storage backends and preemption on a real
+vLLM engine (CPU), each compared against a run without the connector."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_ascend.testing.engine_run import Phase, Scenario
+from lmcache_ascend.testing.tiny_models import token_prompt
+
+from .test_engine_hits import CHUNK, assert_same
+
+pytestmark = pytest.mark.engine
+
+
+def test_plugin_route_in_process_engine_local_disk(run_engine, tiny_model, tmp_path):
+    """Connector resolved by name through the vllm.general_plugins entry point
+    (no kv_connector_module_path), engine core in-process, chunks written to
+    LMCache's local disk backend with a CPU cache too small to hold them all,
+    so warm hits are served (at least partly) from disk."""
+    model = tiny_model("gemma2")
+    prompt = token_prompt(5 * CHUNK + 10, seed=11)
+    phases = [
+        Phase("cold", [prompt], sequential=True),
+        Phase("warm", [prompt], reset_prefix_cache=True, sequential=True),
+    ]
+    disk = tmp_path / "disk"
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "LMCACHE_LOCAL_DISK": f"file://{disk}/",
+        "LMCACHE_MAX_LOCAL_DISK_SIZE": "1",
+        "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.002",
+    }
+    got, log = run_engine(Scenario(model=model, phases=phases, connector="ascend-plugin", env=env))
+    ref, _ = run_engine(Scenario(model=model, phases=phases, connector="none"))
+    for g, r in zip(got, ref):
+        assert_same(g, r, g.name)
+    assert got[1].completions[0].num_cached_tokens == 5 * CHUNK
+    files = list(disk.glob("*.pt"))
+    assert len(files) >= 5, files  # every stored chunk reached the disk
+    assert "LMCacheAscendConnectorV1Dynamic" in log
+    # Disk chunks carry checksums; none failed.
+    assert "checksum" not in log.lower() or "!= stored" not in log
+
+
+def test_preemption_under_small_kv_space(run_engine, tiny_model):
+    """A batch that does not fit vLLM's KV blocks: requests are preempted and
+    resumed (their blocks replaced); outputs still equal a no-connector run."""
+    model = tiny_model("gemma3")
+    shared = token_prompt(CHUNK, seed=21)
+    prompts = [shared + token_prompt(60, seed=30 + i) for i in range(4)]
+    phases = [
+        Phase("warmup", [prompts[0]], sequential=True, max_tokens=4),
+        # Long decodes grow every request's blocks until some are preempted.
+        Phase("batch", prompts, reset_prefix_cache=True, max_tokens=180),
+    ]
+    kw = dict(max_model_len=512, engine_kwargs={"num_gpu_blocks_override": 40, "max_num_seqs": 4})
+    got, log = run_engine(Scenario(model=model, phases=phases, **kw))
+    ref, ref_log = run_engine(Scenario(model=model, phases=phases, connector="none", **kw))
+    for g, r in zip(got, ref):
+        assert_same(g, r, g.name)
+    # The shared prefix stored by the warmup request is hit in the batch.
+    assert got[1].completions[0].num_cached_tokens >= CHUNK
+    assert sum(c.num_preemptions for c in got[1].completions) > 0, "no preemption happened"
