@@ -84,7 +84,8 @@ def _stored_bytes(log: str) -> dict[str, int]:
     """Per-group bytes per chunk from the worker's plan line (JSON)."""
     for line in log.splitlines():
         if "LMCACHE_ASCEND_PLAN_JSON " in line:
-            plan = json.loads(line.split("LMCACHE_ASCEND_PLAN_JSON ", 1)[1])
+            # The log format appends " (file:line)" after the JSON object.
+            plan, _ = json.JSONDecoder().raw_decode(line.split("LMCACHE_ASCEND_PLAN_JSON ", 1)[1])
             return {str(g["group"]): int(g["planned_bytes"]) for g in plan["groups"] if g["stored"]}
     return {}
 
