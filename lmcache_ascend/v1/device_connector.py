@@ -103,9 +103,26 @@ def _check_chunk(chunk: torch.Tensor, need: int) -> None:
 class ChunkTransfer:
     """Store / load chunks of one worker's KV caches according to a plan."""
 
-    def __init__(self, plan: TransferPlan, ops: Any = None) -> None:
+    def __init__(
+        self,
+        plan: TransferPlan,
+        ops: Any = None,
+        kv_device: Optional[torch.device] = None,
+        staging: Optional[bool] = None,
+    ) -> None:
+        """``kv_device``: where vLLM's KV tensors live. Off the CPU (NPU), the
+        kernels pack into a device staging buffer and one copy moves it to or
+        from the host chunk buffer (an LMCache MemoryObj), with slot lists on
+        the device. ``staging`` forces that path (tests run it on the CPU)."""
         self.plan = plan
         self._ops = ops
+        self.kv_device = torch.device(kv_device) if kv_device is not None else torch.device("cpu")
+        use_staging = self.kv_device.type != "cpu" if staging is None else staging
+        self._staging = (
+            torch.empty(plan.chunk_bytes, dtype=torch.uint8, device=self.kv_device)
+            if use_staging
+            else None
+        )
         self.op_calls = 0  # total op calls made (tests: calls per chunk)
         self._groups = {g.index: g for g in plan.groups}
         # Distinct addressings: each is computed once per chunk, however many
@@ -188,8 +205,21 @@ class ChunkTransfer:
     # ---- transfers --------------------------------------------------------
 
     def _run(self, chunk: torch.Tensor, addrs: Sequence[GroupAddress], to_chunk: bool) -> int:
+        staging = self._staging
+        if staging is None:
+            return self._run_on(chunk, addrs, to_chunk)
+        host = chunk[: self.plan.chunk_bytes]
+        if not to_chunk:
+            staging.copy_(host, non_blocking=True)
+        calls = self._run_on(staging, addrs, to_chunk)
+        if to_chunk:
+            host.copy_(staging)  # blocking: the MemoryObj is handed to LMCache next
+        return calls
+
+    def _run_on(self, chunk: torch.Tensor, addrs: Sequence[GroupAddress], to_chunk: bool) -> int:
         ops = self.ops
         calls = 0
+        on_device = chunk.device.type != "cpu"
         for call in self._calls:
             kg = call.group
             region = chunk[kg.offset : kg.offset + kg.nbytes]
@@ -200,6 +230,8 @@ class ChunkTransfer:
             if to_chunk and ids.min(initial=0) < 0:
                 region.zero_()  # rows nobody writes must not carry stale bytes
             slots = torch.from_numpy(ids)
+            if on_device:
+                slots = slots.to(chunk.device, non_blocking=True)
             if kg.op is KernelOp.BLOCK_PAGE:
                 p = kg.planes[0][0]
                 ops.block_page_transfer(

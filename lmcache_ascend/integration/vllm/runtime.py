@@ -138,9 +138,9 @@ def build_worker_half(
     from lmcache_ascend.v1.planner import build_plan
 
     setup = load_setup(vllm_config, kv_cache_config)
-    hints = worker_layout_hints(vllm_config)
+    hints = worker_layout_hints(kv_cache_config)
     plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
-    transfer = ChunkTransfer(plan)
+    transfer = ChunkTransfer(plan, kv_device=_kv_device(kv_caches))
     connector = PagedChunkConnector(
         plan.chunk_bytes,
         setup.chunk_size,
@@ -198,14 +198,23 @@ def checksums_enabled(config: Any) -> bool:
     return bool(config.local_disk or config.remote_url)
 
 
-def worker_layout_hints(vllm_config: Any):
+def worker_layout_hints(kv_cache_config: Any):
     """vLLM-CPU attention blocks are opaque pages (K is transposed inside a
-    block); other platforms hand over token-row tensors."""
+    block); other platforms hand over token-row tensors in the layout vLLM
+    resolved (NHD/HND), possibly with per-layer compress ratios."""
     from lmcache_ascend.v1.kv_format import LayoutHints
 
     if vllm_layout.is_cpu_platform():
         return LayoutHints(opaque_pages=True)
-    return LayoutHints()
+    facts = vllm_layout.layout_facts(kv_cache_config)
+    return LayoutHints(kv_layout=facts.kv_layout, layer_compress_ratio=facts.layer_compress_ratio)
+
+
+def _kv_device(kv_caches: Mapping[str, Any]) -> torch.device:
+    for entry in kv_caches.values():
+        tensor = entry if isinstance(entry, torch.Tensor) else next(iter(entry))
+        return tensor.device
+    return torch.device("cpu")
 
 
 def _broadcast_noop(tensor: torch.Tensor, src: int) -> torch.Tensor:

@@ -20,6 +20,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
 )
 
 from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
@@ -79,6 +80,30 @@ def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ..
             )
         )
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class LayoutFacts:
+    """What vLLM tells about its KV tensors beyond the tensors themselves."""
+
+    kv_layout: Optional[str]  # "NHD" / "HND" for token-row tensors, else None
+    layer_compress_ratio: dict[str, int]  # per layer, where a group mixes ratios
+
+
+def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
+    layout = getattr(kv_cache_config, "kv_cache_layout", None)
+    ratios: dict[str, int] = {}
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        if isinstance(spec, UniformTypeKVCacheSpecs):
+            # One group whose layers carry their own specs (DSv4 on vLLM >=
+            # 0.20 mixes compress ratios 4 and 128 in group 0).
+            for name, layer_spec in spec.kv_cache_specs.items():
+                ratios[name] = _compress_ratio(layer_spec)
+    return LayoutFacts(
+        kv_layout=layout if layout in ("NHD", "HND") else None,
+        layer_compress_ratio=ratios,
+    )
 
 
 def transferable_group_ids(kv_cache_config: KVCacheConfig) -> frozenset[int]:
