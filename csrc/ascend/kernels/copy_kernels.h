@@ -7,9 +7,12 @@
 // Written against a deliberately small AscendC subset (GlobalTensor,
 // LocalTensor, TPipe, TQueBind InitBuffer/AllocTensor/EnQue/DeQue/FreeTensor,
 // DataCopyPad with DataCopyExtParams/DataCopyPadExtParams, GetBlockIdx,
-// GetBlockNum) and free of #ifdef forks, so that a host compiler can build
-// the same bodies against a simulation of kernel_operator.h.  Every offset
-// comes from lmcache_ascend/addressing.h, the header the CPU kernels use.
+// GetBlockNum) and free of #ifdef forks: the same bodies are built by CANN's
+// ascendc toolchain for the NPU and by the host compiler against the AscendC
+// simulation (csrc/ascend/sim), whose directory then comes first on the
+// include path so that "kernel_operator.h" below resolves to it.  Every
+// offset comes from lmcache_ascend/addressing.h, the header the CPU kernels
+// use.
 #pragma once
 
 #include "kernel_operator.h"
@@ -21,9 +24,6 @@
 #include "kernel_meta.h"
 
 namespace lmca {
-
-constexpr int32_t kUbBuffers = 2;             // double buffering
-constexpr int64_t kUbTileBytes = 64 * 1024;   // 2 tiles = 128 KiB of UB
 
 // Scalar reads of an int64 GM array (pointer tables, slot lists, meta).
 struct GmWords {
@@ -38,22 +38,23 @@ __aicore__ inline __gm__ uint8_t* gm_bytes(int64_t address) {
   return reinterpret_cast<__gm__ uint8_t*>(address);
 }
 
-// Copies byte spans GM -> UB -> GM in tiles of kUbTileBytes; the last tile of
-// a span (or a span smaller than a tile, e.g. a 6-byte row) is a tail copy of
-// the remaining bytes.  DataCopyPad handles lengths that are not multiples
-// of 32 bytes on the GM side.
+// Copies byte spans GM -> UB -> GM in tiles of tile_ bytes (host tiling,
+// see ub_tile_bytes); the last tile of a span (or a span smaller than a
+// tile, e.g. a 6-byte row) is a tail copy of the remaining bytes.
+// DataCopyPad handles lengths that are not multiples of 32 bytes on the GM
+// side.
 class UbCopier {
  public:
-  __aicore__ inline void Init(AscendC::TPipe* pipe) {
-    pipe->InitBuffer(queue_, kUbBuffers, kUbTileBytes);
+  __aicore__ inline void Init(AscendC::TPipe* pipe, int64_t tile_bytes) {
+    tile_ = tile_bytes;
+    pipe->InitBuffer(queue_, kUbBuffers, static_cast<uint32_t>(tile_));
   }
 
   __aicore__ inline void Copy(__gm__ uint8_t* dst, __gm__ uint8_t* src,
                               int64_t bytes) {
-    for (int64_t done = 0; done < bytes; done += kUbTileBytes) {
+    for (int64_t done = 0; done < bytes; done += tile_) {
       const int64_t left = bytes - done;
-      const uint32_t n =
-          static_cast<uint32_t>(left < kUbTileBytes ? left : kUbTileBytes);
+      const uint32_t n = static_cast<uint32_t>(left < tile_ ? left : tile_);
       AscendC::GlobalTensor<uint8_t> in;
       AscendC::GlobalTensor<uint8_t> out;
       in.SetGlobalBuffer(src + done, n);
@@ -72,16 +73,20 @@ class UbCopier {
  private:
   // VECIN -> VECOUT binding: EnQue/DeQue order the MTE2 (in) and MTE3 (out)
   // pipes, which a plain VECIN TQue would not do for a copy-only kernel.
-  AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT,
-                    kUbBuffers>
+  // Depth 1: a tile is dequeued before the next is enqueued (the docs
+  // recommend 1 then); the kUbBuffers buffers from InitBuffer still let the
+  // copy-in of tile k+1 overlap the copy-out of tile k.
+  AscendC::TQueBind<AscendC::TPosition::VECIN, AscendC::TPosition::VECOUT, 1>
       queue_;
+  int64_t tile_ = kDefaultUbTileBytes;
 };
 
 // Moves one run of n rows (chunk rows row.., slots slot..) of one plane.
 class RunMover {
  public:
-  __aicore__ inline void Init(AscendC::TPipe* pipe, bool to_chunk) {
-    copier_.Init(pipe);
+  __aicore__ inline void Init(AscendC::TPipe* pipe, bool to_chunk,
+                              int64_t tile_bytes) {
+    copier_.Init(pipe, tile_bytes);
     to_chunk_ = to_chunk;
   }
 
@@ -134,7 +139,8 @@ class TokenRowsKernel {
     ptrs_.Bind(layer_ptrs, num_layers_);
     slots_.Bind(slots, num_tokens_);
     chunk_ = reinterpret_cast<__gm__ uint8_t*>(chunk);
-    mover_.Init(pipe, meta_(kTrToChunk) != 0);
+    mover_.Init(pipe, meta_(kTrToChunk) != 0,
+                tile_bytes_or_default(meta_(kTrTileBytes)));
   }
 
   __aicore__ inline void Process() {
@@ -189,7 +195,8 @@ class MultiPlaneKernel {
     layer_bytes_ = meta_(mp_prefix_base(num_planes_) + num_planes_);
     slots_.Bind(slots, rows_);
     chunk_ = reinterpret_cast<__gm__ uint8_t*>(chunk);
-    mover_.Init(pipe, meta_(kMpToChunk) != 0);
+    mover_.Init(pipe, meta_(kMpToChunk) != 0,
+                tile_bytes_or_default(meta_(kMpTileBytes)));
   }
 
   __aicore__ inline void Process() {
@@ -256,7 +263,8 @@ class BlockPagesKernel {
     meta_.Bind(meta, kBpHeaderWords + num_layers_);
     ids_.Bind(block_ids, num_pages_);
     chunk_ = reinterpret_cast<__gm__ uint8_t*>(chunk);
-    mover_.Init(pipe, meta_(kBpToChunk) != 0);
+    mover_.Init(pipe, meta_(kBpToChunk) != 0,
+                tile_bytes_or_default(meta_(kBpTileBytes)));
   }
 
   __aicore__ inline void Process() {

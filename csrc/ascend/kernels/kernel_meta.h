@@ -1,15 +1,38 @@
 // SPDX-License-Identifier: Apache-2.0
 // Word layout of the int64 "meta" array each AscendC kernel receives in GM.
 //
-// The host launcher (csrc/ascend/launchers.cpp) packs it with the *_pack
-// helpers, the kernels (copy_kernels.h) unpack it with geom_from_words; both
-// include this header, so the two sides cannot drift.  Plain C++, usable as
-// AscendC device code (LMCA_INLINE is defined by the kernel TU).
+// Host launchers pack it (launch_meta.h; csrc/ascend/launchers.cpp), the
+// kernels (copy_kernels.h) unpack it with geom_from_words; both include this
+// header, so the two sides cannot drift.  Plain C++, usable as AscendC
+// device code (LMCA_INLINE is defined by the kernel TU).
 #pragma once
 
 #include "lmcache_ascend/addressing.h"
 
 namespace lmca {
+
+// ---- UB tiling -------------------------------------------------------------
+// The copy kernels stage spans through UB in tiles, kUbBuffers tiles at once
+// (double buffering).  The tile size is tiling data: the host derives it from
+// the SoC's UB capacity with ub_tile_bytes() and passes it in the meta word
+// k*TileBytes.  A launcher that leaves the word 0 gets kDefaultUbTileBytes,
+// which fits the 192 KiB UB of Atlas A2/A3 vector cores.
+constexpr int64_t kUbBuffers = 2;
+constexpr int64_t kUbBlockBytes = 32;  // UB addresses/sizes are in 32 B blocks
+constexpr int64_t kDefaultUbTileBytes = 64 * 1024;
+// DataCopyExtParams.blockLen is 21 bits wide: one copy moves < 2 MiB.
+constexpr int64_t kMaxCopyBytes = (int64_t{1} << 21) - 1;
+
+// Largest tile such that kUbBuffers tiles fit in ub_bytes (0 if none does).
+LMCA_INLINE int64_t ub_tile_bytes(int64_t ub_bytes) {
+  int64_t tile = ub_bytes / kUbBuffers / kUbBlockBytes * kUbBlockBytes;
+  const int64_t cap = kMaxCopyBytes / kUbBlockBytes * kUbBlockBytes;
+  return tile < cap ? tile : cap;
+}
+
+LMCA_INLINE int64_t tile_bytes_or_default(int64_t word) {
+  return word > 0 ? word : kDefaultUbTileBytes;
+}
 
 // PlaneGeom as kGeomWords consecutive int64 words.
 enum GeomWord : int64_t {
@@ -63,6 +86,7 @@ enum TokenRowsWord : int64_t {
   kTrChunkKvStride,
   kTrChunkLayerStride,
   kTrToChunk,
+  kTrTileBytes,
   kTokenRowsWords
 };
 
@@ -72,6 +96,7 @@ enum MultiPlaneWord : int64_t {
   kMpNumLayers = 0,
   kMpNumPlanes,
   kMpToChunk,
+  kMpTileBytes,
   kMpHeaderWords
 };
 
@@ -97,6 +122,7 @@ enum BlockPagesWord : int64_t {
   kBpNumPages,
   kBpPageBytes,
   kBpToChunk,
+  kBpTileBytes,
   kBpHeaderWords
 };
 

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+// Ascend backend of the simulation module.
+//
+// The op layer (csrc/ops_*.cpp, compiled into this module unchanged) takes
+// its Ascend path for every host tensor here (see pick_backend below) and
+// calls these launchers with the launch descriptions it would hand to the
+// NPU launchers.  They pack the kernel meta with the shared packers
+// (kernels/launch_meta.h), register every GM buffer the kernel may touch
+// (sized by its geometry, so an access past it is an error), and run the
+// real AscendC kernels (kernels/copy_kernels.cpp) on the simulated cores,
+// with host memory playing the NPU's global memory.
+#include <ATen/ATen.h>
+
+#include <string>
+#include <vector>
+
+#include "backend_ascend.h"
+#include "kernels/launch_meta.h"
+#include "ops_util.h"
+#include "sim_backend.h"
+
+// The AscendC entry points (copy_kernels.cpp, host build: GM_ADDR is uint8_t*).
+extern "C" {
+void lmca_token_rows_kernel(uint8_t* meta, uint8_t* layer_ptrs, uint8_t* chunk,
+                            uint8_t* slots);
+void lmca_multi_plane_kernel(uint8_t* meta, uint8_t* chunk, uint8_t* slots);
+void lmca_block_pages_kernel(uint8_t* meta, uint8_t* chunk, uint8_t* block_ids);
+}
+
+namespace lmca::sim {
+namespace {
+
+thread_local Session* g_session = nullptr;
+
+uint8_t* bytes(const void* p) { return static_cast<uint8_t*>(const_cast<void*>(p)); }
+
+// Bytes a paged plane's geometry can address from its base pointer.
+int64_t plane_extent(const PlaneGeom& g) {
+  return (g.num_blocks - 1) * g.block_stride +
+         paged_offset(g, 0, g.block_size - 1, g.num_segs - 1) + g.seg_bytes;
+}
+
+// Index tensors are read by the kernel through GM: contiguous int64.
+at::Tensor words(const at::Tensor& t) { return t.contiguous(); }
+
+void add_words(Launch& launch, const at::Tensor& t, const char* name) {
+  launch.add_region(t.data_ptr(), t.numel() * 8, name);
+}
+
+template <typename Body>
+void simulate(Launch& launch, Body&& body) {
+  run_cores(launch, body);
+  add_stats(launch.stats);
+}
+
+}  // namespace
+
+Session::Session(const Config& cfg) : prev_(g_session), cfg_(cfg) {
+  if (cfg.block_dim < 1 || cfg.block_dim > 65535) {
+    ops::value_error("block_dim = ", cfg.block_dim, " must be in [1, 65535]");
+  }
+  if (cfg.ub_bytes < kUbBlock || cfg.ub_bytes % kUbBlock != 0 ||
+      cfg.ub_bytes > (int64_t{1} << 30)) {
+    ops::value_error("ub_bytes = ", cfg.ub_bytes,
+                     " must be a positive multiple of 32 (at most 1 GiB)");
+  }
+  if (cfg.tile_bytes < -1) {
+    ops::value_error("tile_bytes = ", cfg.tile_bytes,
+                     " must be -1 (derive from ub_bytes), 0 (kernel default) or > 0");
+  }
+  stats_.tile_bytes = tile_bytes_or_default(tile_bytes_for(cfg));
+  g_session = this;
+}
+
+Session::~Session() { g_session = prev_; }
+
+const Config& active_config() {
+  if (g_session == nullptr) {
+    throw std::runtime_error("AscendC simulation: no simulated machine is active");
+  }
+  return g_session->cfg_;
+}
+
+void add_stats(const Stats& s) {
+  Stats& t = g_session->stats_;
+  t.launches += s.launches;
+  t.cores_run += s.cores_run;
+  t.active_cores = std::max(t.active_cores, s.active_cores);
+  t.copies_in += s.copies_in;
+  t.copies_out += s.copies_out;
+  t.bytes_in += s.bytes_in;
+  t.bytes_out += s.bytes_out;
+  t.max_copy_bytes = std::max(t.max_copy_bytes, s.max_copy_bytes);
+  t.ub_peak_bytes = std::max(t.ub_peak_bytes, s.ub_peak_bytes);
+  t.scalar_gm_reads += s.scalar_gm_reads;
+  t.max_queue_occupancy = std::max(t.max_queue_occupancy, s.max_queue_occupancy);
+}
+
+int64_t tile_bytes_for(const Config& cfg) {
+  return cfg.tile_bytes >= 0 ? cfg.tile_bytes : ub_tile_bytes(cfg.ub_bytes);
+}
+
+}  // namespace lmca::sim
+
+namespace lmca::ascend {
+
+bool built() { return true; }
+
+void token_rows(const TokenRowsLaunch& L) {
+  if (L.num_layers == 0 || L.num_tokens == 0) return;  // as the NPU launcher
+  const sim::Config& cfg = sim::active_config();
+  std::vector<int64_t> meta = token_rows_meta(L, sim::tile_bytes_for(cfg));
+  const at::Tensor ptrs = sim::words(L.layer_ptrs);
+  const at::Tensor slots = sim::words(L.slots);
+  sim::Launch launch(cfg.block_dim, cfg.ub_bytes);
+  launch.add_region(meta.data(), int64_t(meta.size()) * 8, "meta");
+  sim::add_words(launch, ptrs, "layer_ptrs");
+  sim::add_words(launch, slots, "slot_mapping");
+  launch.add_region(L.chunk, L.chunk_span, "chunk");
+  const int64_t* p = ptrs.data_ptr<int64_t>();
+  for (int64_t l = 0; l < L.num_layers; ++l) {
+    for (int64_t kv = 0; kv < L.num_kv; ++kv) {
+      launch.add_region(sim::bytes(reinterpret_cast<void*>(p[l])) + kv * L.v_plane_offset,
+                        sim::plane_extent(L.geom),
+                        sim::cat("layer ", l, L.num_kv == 1 ? "" : (kv ? " V" : " K")));
+    }
+  }
+  sim::simulate(launch, [&] {
+    lmca_token_rows_kernel(sim::bytes(meta.data()), sim::bytes(ptrs.data_ptr()),
+                           L.chunk, sim::bytes(slots.data_ptr()));
+  });
+}
+
+void multi_plane(const MultiPlaneLaunch& L) {
+  const int64_t P = L.num_planes;
+  if (L.num_layers == 0 || L.slot_offsets[P] == 0) return;  // as the NPU launcher
+  const sim::Config& cfg = sim::active_config();
+  std::vector<int64_t> meta = multi_plane_meta(L, sim::tile_bytes_for(cfg));
+  const at::Tensor slots = sim::words(L.slots);
+  sim::Launch launch(cfg.block_dim, cfg.ub_bytes);
+  launch.add_region(meta.data(), int64_t(meta.size()) * 8, "meta");
+  sim::add_words(launch, slots, "slot_mapping");
+  launch.add_region(L.chunk.data_ptr(), L.num_layers * L.plane_prefix[P], "chunk");
+  for (int64_t l = 0; l < L.num_layers; ++l) {
+    for (int64_t q = 0; q < P; ++q) {
+      launch.add_region(reinterpret_cast<void*>(L.plane_ptrs[l * P + q]),
+                        sim::plane_extent(L.geoms[q]),
+                        sim::cat("layer ", l, " plane ", q));
+    }
+  }
+  sim::simulate(launch, [&] {
+    lmca_multi_plane_kernel(sim::bytes(meta.data()), sim::bytes(L.chunk.data_ptr()),
+                            sim::bytes(slots.data_ptr()));
+  });
+}
+
+void block_pages(const BlockPagesLaunch& L) {
+  if (L.num_layers == 0 || L.num_pages == 0) return;  // as the NPU launcher
+  const sim::Config& cfg = sim::active_config();
+  std::vector<int64_t> meta = block_pages_meta(L, sim::tile_bytes_for(cfg));
+  const at::Tensor ids = sim::words(L.block_ids);
+  sim::Launch launch(cfg.block_dim, cfg.ub_bytes);
+  launch.add_region(meta.data(), int64_t(meta.size()) * 8, "meta");
+  sim::add_words(launch, ids, "block_ids");
+  launch.add_region(L.chunk.data_ptr(), L.num_layers * L.num_pages * row_bytes(L.geom),
+                    "chunk");
+  for (int64_t l = 0; l < L.num_layers; ++l) {
+    launch.add_region(reinterpret_cast<void*>(L.layer_ptrs[l]), sim::plane_extent(L.geom),
+                      sim::cat("layer ", l, " pool"));
+  }
+  sim::simulate(launch, [&] {
+    lmca_block_pages_kernel(sim::bytes(meta.data()), sim::bytes(L.chunk.data_ptr()),
+                            sim::bytes(ids.data_ptr()));
+  });
+}
+
+// Not an AscendC kernel (aclrtMemcpyAsync on the NPU): host memory plays
+// device memory, so a plain copy.
+void memcpy_async(uint64_t dst, uint64_t src, int64_t nbytes, bool) {
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src),
+               static_cast<size_t>(nbytes));
+}
+
+}  // namespace lmca::ascend
+
+namespace lmca::ops {
+
+// Replaces the op layer's device-based selection (ops_util.cpp, compiled
+// here with its own pick_backend renamed away, see sim_ops_util.cpp): host
+// memory plays the NPU's memory, so every CPU tensor takes the Ascend path,
+// with the same validation and lowering as on an NPU host.
+Backend pick_backend(const std::vector<NamedTensor>& tensors,
+                     const std::string& device_arg_name,
+                     const std::string& device_str) {
+  auto is_cpu = [](const std::string& d) { return d == "cpu" || d.rfind("cpu:", 0) == 0; };
+  if (!device_str.empty() && !is_cpu(device_str)) {
+    runtime_error("argument '", device_arg_name, "' is '", device_str,
+                  "'; the AscendC simulation runs on host memory: pass 'cpu'");
+  }
+  for (const NamedTensor& nt : tensors) {
+    if (nt.tensor == nullptr || !nt.tensor->defined()) continue;
+    if (!nt.tensor->device().is_cpu()) {
+      runtime_error("tensor '", nt.name, "' is on device '", nt.tensor->device().str(),
+                    "'; the AscendC simulation runs on host memory: pass CPU tensors");
+    }
+  }
+  return Backend::kAscend;
+}
+
+}  // namespace lmca::ops
