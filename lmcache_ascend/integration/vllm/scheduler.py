@@ -165,11 +165,15 @@ class SchedulerHalf:
                 # Never went through get_num_new_matched_tokens (e.g. a
                 # request admitted while the connector was not consulted).
                 return None
+            # Chunks below what the request starts with are not stored again:
+            # they came from LMCache (a hit) or from vLLM's own prefix cache,
+            # i.e. from an earlier request that stored them already.
+            computed = sched.num_computed_tokens - sched.num_computed_tokens % self.chunk_size
             tracked = _Tracked(
                 view=view,
                 block_ids=[list(ids) for ids in (sched.block_ids or ())]
                 or [[] for _ in self.groups],
-                saved_upto=self._hits.get(req_id, 0),
+                saved_upto=max(self._hits.get(req_id, 0), computed),
             )
             self._tracked[req_id] = tracked
             return tracked
