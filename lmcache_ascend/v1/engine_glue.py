@@ -252,12 +252,28 @@ class PagedChunkConnector(GPUConnectorInterface):
         **kwargs,
     ) -> None:
         ctx = self._ctx(kwargs)
-        for obj, start, end in zip(memory_objs, starts, ends, strict=True):
-            buf = self._buffer(obj)
-            self._store(buf, ChunkRequest(start, end, ctx.block_ids))
-            self._seal(buf)
-            self.stats.chunks += 1
-            self.stats.bytes += self.chunk_bytes
+        try:
+            for obj, start, end in zip(memory_objs, starts, ends, strict=True):
+                buf = self._buffer(obj)
+                result = self._store(buf, ChunkRequest(start, end, ctx.block_ids))
+                if getattr(result, "stored", True) is False:
+                    # Never seal (and so validate) a buffer nothing was copied into.
+                    raise RuntimeError(
+                        f"request {ctx.req_id}: chunk at token {start} has groups without "
+                        f"real blocks ({getattr(result, 'incomplete', ())}); not stored"
+                    )
+                self._seal(buf)
+                self.stats.chunks += 1
+                self.stats.bytes += self.chunk_bytes
+        except BaseException:
+            # LMCache's store() drops the batch without freeing it on an
+            # exception: return the buffers to its allocator here.
+            for obj in memory_objs:
+                try:
+                    obj.ref_count_down()
+                except Exception:  # noqa: BLE001
+                    logger.exception("lmcache-ascend: releasing a chunk buffer failed")
+            raise
 
     def batched_to_gpu(
         self,
