@@ -1,0 +1,221 @@
+"""A real ``redis-server`` for tests: started on 127.0.0.1 on a free port,
+stopped by PID, never persisted (``--save "" --appendonly no``).
+
+If ``redis-server`` is not on PATH, :func:`ensure_redis_server` installs it
+with ``apt-get`` (``apt-get update`` first) where that is possible, and the
+caller skips otherwise.
+
+:class:`RespClient` is a minimal RESP2 client over a raw socket, so tests can
+inspect and damage stored entries (``KEYS``, ``DBSIZE``, ``GET``, ``SET``,
+``DEL``) without depending on any client library.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Optional, Union
+
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 10.0
+
+Reply = Union[None, int, bytes, str, list]
+
+
+def ensure_redis_server() -> Optional[str]:
+    """Path of ``redis-server``, installing it with apt-get if missing.
+    Returns None when it cannot be had (the caller skips)."""
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    apt = shutil.which("apt-get")
+    if apt is None or os.geteuid() != 0:
+        return None
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    try:
+        subprocess.run([apt, "update"], check=True, env=env, timeout=300,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.run([apt, "install", "-y", "--no-install-recommends", "redis-server"],
+                       check=True, env=env, timeout=600,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def closed_port() -> int:
+    """A loopback port with nothing listening (bound, then released)."""
+    return free_port()
+
+
+class RespError(RuntimeError):
+    pass
+
+
+class RespClient:
+    """Blocking RESP2 client for one connection (test use only)."""
+
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
+        self._sock = socket.create_connection((host, port), timeout=timeout)
+        self._buf = b""
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> "RespClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def command(self, *args: Union[str, bytes, int]) -> Reply:
+        parts = [b"*%d\r\n" % len(args)]
+        for a in args:
+            data = a if isinstance(a, bytes) else str(a).encode()
+            parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+        self._sock.sendall(b"".join(parts))
+        return self._reply()
+
+    def _fill(self) -> None:
+        chunk = self._sock.recv(1 << 20)
+        if not chunk:
+            raise RespError("connection closed by redis-server")
+        self._buf += chunk
+
+    def _line(self) -> bytes:
+        while b"\r\n" not in self._buf:
+            self._fill()
+        line, self._buf = self._buf.split(b"\r\n", 1)
+        return line
+
+    def _exact(self, n: int) -> bytes:
+        while len(self._buf) < n + 2:
+            self._fill()
+        data, self._buf = self._buf[:n], self._buf[n + 2 :]
+        return data
+
+    def _reply(self) -> Reply:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            raise RespError(rest.decode())
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            return None if n < 0 else self._exact(n)
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self._reply() for _ in range(n)]
+        raise RespError(f"unexpected reply {line!r}")
+
+    # Conveniences
+    def keys(self, pattern: str = "*") -> list[bytes]:
+        return list(self.command("KEYS", pattern) or [])
+
+    def dbsize(self) -> int:
+        return int(self.command("DBSIZE"))
+
+    def get(self, key: bytes) -> Optional[bytes]:
+        return self.command("GET", key)  # type: ignore[return-value]
+
+    def set(self, key: bytes, value: bytes) -> None:
+        self.command("SET", key, value)
+
+    def delete(self, *keys: bytes) -> int:
+        return int(self.command("DEL", *keys))
+
+
+class RedisServer:
+    """One ``redis-server`` process on 127.0.0.1; use as a context manager."""
+
+    def __init__(self, workdir: Path, port: Optional[int] = None) -> None:
+        self.workdir = Path(workdir)
+        self.port = port or free_port()
+        self.proc: Optional[subprocess.Popen] = None
+        self.log_path = self.workdir / f"redis-{self.port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> "RedisServer":
+        exe = ensure_redis_server()
+        if exe is None:
+            raise FileNotFoundError("redis-server is not installed and could not be installed")
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                exe,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--daemonize", "no",
+                "--dir", str(self.workdir),
+                "--logfile", str(self.log_path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=str(self.workdir),
+        )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"redis-server exited with {self.proc.returncode}: "
+                    + (self.log_path.read_text(errors="replace") if self.log_path.exists() else "")
+                )
+            try:
+                with RespClient(self.port, timeout=1.0) as c:
+                    if c.command("PING") == "PONG":
+                        return self
+            except (OSError, RespError):
+                time.sleep(0.1)
+        self.stop()
+        raise TimeoutError(f"redis-server on port {self.port} did not answer PING")
+
+    def client(self) -> RespClient:
+        return RespClient(self.port)
+
+    def kill(self) -> None:
+        """SIGKILL by PID: the abrupt outage a crashed server causes."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=STOP_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=STOP_TIMEOUT_S)
+        self.proc = None
+
+    def __enter__(self) -> "RedisServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,294 @@
+"""Two vLLM engines, two processes, one Redis: sharing and damaged entries.
+
+Engine A (fresh process) stores six prompts through LMCache's Redis remote
+backend (plus its local CPU cache). The test then damages some of the
+stored entries directly in Redis, and engine B (another fresh process,
+empty local cache) serves the same prompts:
+
+* S0 intact                          -> external hit of all 3 chunks
+* S1 chunk 1: bytes flipped          -> our checksum refuses it
+* S2 chunk 0: value truncated        -> LMCache's get fails (size mismatch)
+* S3 chunk 1: truncated, metadata rewritten to match
+                                     -> our size check refuses it
+* S4 chunk 2: value deleted, metadata kept
+                                     -> LMCache returns nothing for it
+* S5 chunk 0: both keys deleted      -> plain miss at lookup
+
+Every completion of both engines must equal the no-connector run (tokens
+and logprobs). Both engine processes must exit within a bound after their
+workload although LMCache 0.5.6's Redis close never returns.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from lmcache_ascend.testing.engine_run import Phase, Scenario
+from lmcache_ascend.testing.tiny_models import token_prompt
+from lmcache_ascend.testing.faults import (
+    CHUNK,
+    EngineProcess,
+    mismatch,
+    reference_outputs,
+    reliability_prompts,
+    request_transfers,
+    request_warnings,
+    run_engine_process,
+)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from redis_server import RedisServer, ensure_redis_server  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.redis]
+
+NAMES = [f"S{i}" for i in range(6)]
+CHUNKS_PER_PROMPT = 3
+FULL = CHUNKS_PER_PROMPT * CHUNK
+EXIT_BOUND_S = 60.0  # start of the last phase -> process gone
+
+
+def chunk_hashes(tokens: list[int]) -> list[str]:
+    """Hex chunk hashes exactly as LMCache names the chunks (sha256_cbor,
+    the algorithm lmcache-ascend enforces), whole chunks only."""
+    import torch
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.config import LMCacheEngineConfig
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    cfg = LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK, pre_caching_hash_algorithm="sha256_cbor", save_unfull_chunk=False
+    )
+    db = ChunkedTokenDatabase(cfg, None)
+    out = []
+    for _, _, h in db.process_tokens(torch.tensor(tokens), make_key=False):
+        out.append(CacheEngineKey("m", 1, 0, h, torch.uint8).chunk_hash_hex)
+    return out
+
+
+def engine_env(url: str) -> dict[str, str]:
+    return {
+        "LMCACHE_REMOTE_URL": url,
+        "LMCACHE_REMOTE_SERDE": "naive",
+        "LMCACHE_LOCAL_CPU": "True",
+        "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5",
+        "LMCACHE_CHUNK_SIZE": str(CHUNK),
+    }
+
+
+@dataclass
+class Shared:
+    a: EngineProcess
+    b: EngineProcess
+    keys_after_a: list[bytes]
+    dbsize_after_a: int
+    chunk_keys: dict[str, list[bytes]]  # prompt -> base key of each chunk
+    damage_log: list[str]
+    ref: dict
+
+
+def _find_base(keys: list[bytes], hex_hash: str) -> bytes:
+    suffix = b"metadata"
+    hits = [k[: -len(suffix)] for k in keys if k.endswith(suffix) and f"@{hex_hash}@".encode() in k]
+    assert len(hits) == 1, f"chunk {hex_hash}: expected one metadata key, found {hits}"
+    return hits[0]
+
+
+def _rewrite_metadata_smaller(raw: bytes, new_length: int) -> tuple[bytes, int]:
+    """LMCache's RemoteMetadata (int32s: length, format, then dtype and a 4-D
+    shape per buffer; one buffer here) with the length and the last shape
+    dim shrunk, as a writer with a smaller chunk layout would produce."""
+    fields = list(struct.unpack_from("7i", raw))
+    rows = fields[3] * fields[4] * fields[5]
+    fields[6] = new_length // rows
+    fields[0] = rows * fields[6]
+    return struct.pack("7i", *fields) + raw[struct.calcsize("7i") :], fields[0]
+
+
+def _damage(server: RedisServer, chunk_keys: dict[str, list[bytes]]) -> list[str]:
+    done = []
+    with server.client() as c:
+        k = chunk_keys["S1"][1] + b"kv_bytes"
+        val = bytearray(c.get(k))
+        for off in (17, len(val) // 3, len(val) // 2 + 5):
+            val[off] ^= 0xFF
+        c.set(k, bytes(val))
+        done.append("S1 chunk 1: 3 bytes flipped")
+
+        k = chunk_keys["S2"][0] + b"kv_bytes"
+        val = c.get(k)
+        c.set(k, val[: len(val) // 2])
+        done.append(f"S2 chunk 0: value truncated {len(val)} -> {len(val) // 2} bytes")
+
+        base = chunk_keys["S3"][1]
+        val = c.get(base + b"kv_bytes")
+        md, new_len = _rewrite_metadata_smaller(c.get(base + b"metadata"), len(val) // 2)
+        c.set(base + b"metadata", md)
+        c.set(base + b"kv_bytes", val[:new_len])
+        done.append(f"S3 chunk 1: truncated {len(val)} -> {new_len} bytes, metadata rewritten to match")
+
+        assert c.delete(chunk_keys["S4"][2] + b"kv_bytes") == 1
+        done.append("S4 chunk 2: kv_bytes deleted, metadata kept")
+
+        assert c.delete(chunk_keys["S5"][0] + b"kv_bytes", chunk_keys["S5"][0] + b"metadata") == 2
+        done.append("S5 chunk 0: both keys deleted")
+    return done
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, tiny_model) -> Shared:
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
+    model = tiny_model("llama")
+    work = tmp_path_factory.mktemp("redis_sharing")
+    ref = reference_outputs(model, work)
+    prompts = reliability_prompts()
+    with RedisServer(work) as server:
+        env = engine_env(server.url)
+        a = run_engine_process(
+            Scenario(model=model, phases=[Phase("store", [prompts[n] for n in NAMES], sequential=True)]),
+            work,
+            "engine_a",
+            env=env,
+            timeout_s=300,
+            exit_bound_s=EXIT_BOUND_S,
+        )
+        assert a.results is not None, "engine A failed:\n" + a.log[-6000:]
+        with server.client() as c:
+            keys = c.keys()
+            dbsize = c.dbsize()
+        chunk_keys = {
+            n: [_find_base(keys, h) for h in chunk_hashes(prompts[n])] for n in NAMES
+        }
+        damage_log = _damage(server, chunk_keys)
+        # B runs vLLM in one process (no engine-core / worker processes),
+        # so nothing but our own shutdown path can end LMCache's threads.
+        b = run_engine_process(
+            Scenario(
+                model=model,
+                phases=[
+                    Phase("load", [prompts[n] for n in NAMES], sequential=True),
+                    Phase("again", [prompts[n] for n in NAMES], reset_prefix_cache=True, sequential=True),
+                    # No whole chunk: flushes the worker's summary line of the
+                    # last request (logged when its finish reaches the worker).
+                    Phase("flush", [token_prompt(100, seed=999)], sequential=True),
+                ],
+                engine_kwargs={"distributed_executor_backend": "uni"},
+            ),
+            work,
+            "engine_b",
+            env={**env, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"},
+            timeout_s=300,
+            exit_bound_s=EXIT_BOUND_S,
+        )
+    return Shared(a, b, keys, dbsize, chunk_keys, damage_log, ref)
+
+
+def _by_name(run: EngineProcess, phase: int) -> dict:
+    assert run.results is not None, "engine failed:\n" + run.log[-6000:]
+    return dict(zip(NAMES, run.results[phase].completions))
+
+
+def test_engine_a_matches_no_connector(shared):
+    for name, comp in _by_name(shared.a, 0).items():
+        assert comp.num_cached_tokens == 0, name
+        assert mismatch(comp, shared.ref[name]) is None, (name, mismatch(comp, shared.ref[name]))
+    stored = request_transfers(shared.a.log)
+    assert [stored[i].stored for i in range(len(NAMES))] == [FULL] * len(NAMES)
+
+
+def test_chunks_are_in_redis(shared):
+    # Two Redis keys (kv_bytes + metadata) per whole chunk, nothing else.
+    assert shared.dbsize_after_a == 2 * CHUNKS_PER_PROMPT * len(NAMES)
+    assert len(shared.keys_after_a) == shared.dbsize_after_a
+    for bases in shared.chunk_keys.values():
+        for base in bases:
+            # model+layoutfingerprint@world@worker@hash@dtype
+            model_part, world, worker, _, dtype = base.decode().rsplit("@", 4)
+            assert "+" in model_part and (world, worker, dtype) == ("1", "0", "uint8")
+            assert base + b"kv_bytes" in shared.keys_after_a
+
+
+def test_engine_b_gets_external_hits_identical_to_no_connector(shared):
+    load = _by_name(shared.b, 0)
+    s0 = load["S0"]
+    assert s0.num_cached_tokens >= CHUNKS_PER_PROMPT * CHUNK, s0.num_cached_tokens
+    assert "lmcache-ascend" in shared.b.log
+    assert mismatch(s0, shared.ref["S0"]) is None
+    again = _by_name(shared.b, 1)["S0"]
+    assert again.num_cached_tokens >= CHUNKS_PER_PROMPT * CHUNK
+    assert mismatch(again, shared.ref["S0"]) is None
+
+
+def test_damaged_entries_never_change_outputs(shared):
+    for phase in (0, 1):
+        for name, comp in _by_name(shared.b, phase).items():
+            assert mismatch(comp, shared.ref[name]) is None, (phase, name, mismatch(comp, shared.ref[name]))
+
+
+def _b_transfers(shared) -> tuple[dict, dict]:
+    """Worker summaries of engine B by prompt name: (load pass, again pass).
+    B's requests are numbered in submission order: load S0..S5, again S0..S5."""
+    tr = request_transfers(shared.b.log)
+    n = len(NAMES)
+    first = {name: tr.get(i) for i, name in enumerate(NAMES)}
+    second = {name: tr.get(n + i) for i, name in enumerate(NAMES)}
+    return first, second
+
+
+def test_engine_b_loaded_intact_entry_completely(shared):
+    first, second = _b_transfers(shared)
+    for t in (first["S0"], second["S0"]):
+        assert t is not None and (t.hit, t.loaded, t.load_error) == (FULL, FULL, False), t
+
+
+def test_bit_flips_are_refused_by_checksum(shared):
+    # Chunk 0 of S1 is intact and used; chunk 1 fails its crc32 and vLLM
+    # recomputes from token 256, on every later request too.
+    for number, t in ((1, _b_transfers(shared)[0]["S1"]), (7, _b_transfers(shared)[1]["S1"])):
+        assert t is not None and (t.hit, t.loaded, t.load_error) == (FULL, CHUNK, True), t
+        warnings = request_warnings(shared.b.log, number)
+        assert any("checksum" in w and "not loaded" in w for w in warnings), warnings
+        assert any("reported for recomputation" in w for w in warnings), warnings
+
+
+def test_truncated_entries_are_refused(shared):
+    first, _ = _b_transfers(shared)
+    # S2: value shorter than its metadata: LMCache's get fails, nothing loaded.
+    assert (first["S2"].hit, first["S2"].loaded, first["S2"].load_error) == (FULL, 0, True)
+    assert "Error occurred in get_blocking" in shared.b.log
+    # S3: consistently truncated (metadata rewritten): our size check refuses it.
+    assert (first["S3"].hit, first["S3"].loaded, first["S3"].load_error) == (FULL, CHUNK, True)
+    assert any("truncated or from another layout" in w for w in request_warnings(shared.b.log, 3))
+
+
+def test_deleted_entries_become_misses(shared):
+    first, second = _b_transfers(shared)
+    # S4: value gone, metadata left: LMCache returns nothing for chunk 2 and
+    # drops the stale metadata, so the next request misses it cleanly and
+    # B stores the recomputed chunk again.
+    assert (first["S4"].hit, first["S4"].loaded, first["S4"].load_error) == (FULL, 2 * CHUNK, True)
+    assert "Key exists but KV cache does not exist" in shared.b.log
+    assert (second["S4"].hit, second["S4"].loaded, second["S4"].stored) == (2 * CHUNK, 2 * CHUNK, CHUNK)
+    # S5: both keys of chunk 0 gone: a plain miss; B stores the prompt again
+    # and its next request hits.
+    assert (first["S5"].hit, first["S5"].stored) == (0, FULL)
+    assert (second["S5"].hit, second["S5"].loaded) == (FULL, FULL)
+
+
+@pytest.mark.xfail(strict=True, reason="F1: LMCache 0.5.6 Redis close deadlock (docs/reliability.md)")
+def test_engines_exit_within_bound_with_redis_remote(shared):
+    """LMCache 0.5.6's Redis connector deadlocks its event-loop thread on
+    close (a non-daemon thread). A (vLLM's engine-core and worker processes)
+    and B (everything in one process) must both exit on their own."""
+    for name, run in (("A (multiprocess)", shared.a), ("B (in-process)", shared.b)):
+        assert not run.timed_out, name
+        assert not run.hung_at_exit, (
+            f"engine {name} wrote its results but was still alive {EXIT_BOUND_S:.0f} s later"
+        )
+        assert run.returncode == 0, name
+        assert run.last_phase_to_exit_s is not None and run.last_phase_to_exit_s < EXIT_BOUND_S + 30
