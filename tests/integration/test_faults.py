@@ -274,7 +274,6 @@ def test_failing_store_keeps_serving(copy_faults):
     run.assert_exited_in_bound()
 
 
-@pytest.mark.xfail(strict=False, reason="F3: fix applied in engine_glue, not yet verified in CI")
 def test_failed_store_releases_lmcache_buffers(copy_faults):
     """A store that raises inside LMCache's ``store`` must hand its buffers
     back, not leave them to the garbage collector."""
