@@ -94,12 +94,75 @@ def apply_extra_config(config: LMCacheEngineConfig, extra: Mapping[str, Any] | N
                 f"lmcache-ascend config key"
                 + (f"; did you mean one of {close[:8]}?" if close else "")
             )
+        if config._config_definitions[key]["type"] is bool and not _is_bool_word(value):  # type: ignore[attr-defined]
+            raise ExtraConfigError(
+                f"kv_connector_extra_config {raw_key!r}={value!r} is not a boolean; "
+                f"valid: true/false (also 1/0, yes/no, on/off)"
+            )
         if not validate_and_set_config_value(config, key, value):
             raise ExtraConfigError(
                 f"kv_connector_extra_config {raw_key!r}={value!r} could not be "
                 f"applied: expected a value of type "
                 f"{config._config_definitions[key]['type'].__name__}"  # type: ignore[attr-defined]
             )
+
+
+_BOOL_WORDS = ("true", "false", "1", "0", "yes", "no", "on", "off")
+VALID_HASHES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "builtin")
+VALID_SERDES = ("naive",)
+
+
+def _is_bool_word(value: Any) -> bool:
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, int):
+        return value in (0, 1)
+    return str(value).strip().lower() in _BOOL_WORDS
+
+
+def validate_engine_config(config: LMCacheEngineConfig, environ: Mapping[str, str]) -> None:
+    """Refuse values LMCache 0.5.6 accepts silently or fails on obscurely
+    (some of them after starting a thread that keeps the process alive)."""
+    defs = config._config_definitions  # type: ignore[attr-defined]
+    for key, spec in defs.items():
+        env_name = "LMCACHE_" + key.upper()
+        raw = environ.get(env_name)
+        if raw is None or raw.strip() == "":
+            continue
+        if spec["type"] is bool and not _is_bool_word(raw):
+            raise ValueError(
+                f"{env_name}={raw!r} ({key}) is not a boolean; valid: true/false "
+                "(also 1/0, yes/no, on/off)"
+            )
+        if getattr(config, key, None) is None:
+            raise ValueError(
+                f"{env_name}={raw!r} ({key}) could not be converted to "
+                f"{getattr(spec['type'], '__name__', spec['type'])}"
+            )
+    if config.chunk_size is None or int(config.chunk_size) <= 0:
+        raise ValueError(f"chunk_size={config.chunk_size!r} is not valid; it must be an integer > 0")
+    size = config.max_local_cpu_size
+    if size is None or float(size) <= 0:
+        raise ValueError(
+            f"max_local_cpu_size={size!r} GB is not valid; it must be > 0 "
+            "(lmcache-ascend stages every chunk in LMCache's CPU memory, even with local_cpu: false)"
+        )
+    if config.local_disk and (config.max_local_disk_size is None or float(config.max_local_disk_size) <= 0):
+        raise ValueError(
+            f"max_local_disk_size={config.max_local_disk_size!r} GB is not valid with "
+            f"local_disk={config.local_disk!r}; it must be > 0"
+        )
+    algo = str(config.pre_caching_hash_algorithm)
+    if algo not in VALID_HASHES:
+        raise ValueError(
+            f"pre_caching_hash_algorithm={algo!r} is not valid; use one of {list(VALID_HASHES)} "
+            "(LMCache 0.5.6 silently falls back to Python's per-process hash)"
+        )
+    if config.remote_url and str(config.remote_serde) not in VALID_SERDES:
+        raise ValueError(
+            f"remote_serde={config.remote_serde!r} is not valid; lmcache-ascend stores opaque "
+            f"byte buffers, use one of {list(VALID_SERDES)}"
+        )
 
 
 def enforce_engine_requirements(config: LMCacheEngineConfig, num_groups: int) -> None:

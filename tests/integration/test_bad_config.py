@@ -203,28 +203,8 @@ def probe(tmp_path_factory, tiny_model) -> dict:
             "log": log.read_text(errors="replace")}
 
 
-# Known open production fixes (docs/reliability.md, "Open fixes"): these cases
-# fail today. Strict: a fix makes them pass and the marker must then go.
-_OPEN_FIXES = {
-    "wrong_type_env": "F2: LMCache turns an unconvertible env value into None",
-    "bool_garbage_extra": "F2: non-boolean words accepted as False",
-    "bool_garbage_env": "F2: non-boolean words accepted as False",
-    "negative_cpu_size_env": "F2: LMCache builds (and leaves a thread) before failing",
-    "zero_cpu_size_extra": "F2: LMCache builds (and leaves a thread) before failing",
-    "negative_disk_size_extra": "F2: negative disk size accepted",
-    "hash_algorithm_unknown": "F2: unknown hash algorithm accepted",
-    "remote_serde_unknown": "F2: LMCache starts a thread before rejecting the serde",
-    "remote_unreachable": "F1: closing an unreachable Redis remote leaves a deadlocked thread",
-}
-
-
-def _case_names() -> list:
-    return [
-        pytest.param(c.name, marks=pytest.mark.xfail(strict=True, reason=_OPEN_FIXES[c.name]))
-        if c.name in _OPEN_FIXES
-        else c.name
-        for c in cases(1, Path("unused"))
-    ]
+def _case_names() -> list[str]:
+    return [c.name for c in cases(1, Path("unused"))]
 
 
 @pytest.mark.engine
@@ -248,7 +228,6 @@ def test_bad_config_is_refused_clearly(probe, name):
 
 
 @pytest.mark.engine
-@pytest.mark.xfail(strict=True, reason="F2: LMCache leaves a non-daemon thread; startup hangs")
 def test_engine_start_fails_cleanly_on_negative_cpu_size(tmp_path, tiny_model):
     """Through vLLM: the error reaches the user and the engine process exits
     (a failed LMCache engine build used to leave a thread that hung startup)."""

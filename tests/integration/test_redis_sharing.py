@@ -280,7 +280,6 @@ def test_deleted_entries_become_misses(shared):
     assert (second["S5"].hit, second["S5"].loaded) == (FULL, FULL)
 
 
-@pytest.mark.xfail(strict=True, reason="F1: LMCache 0.5.6 Redis close deadlock (docs/reliability.md)")
 def test_engines_exit_within_bound_with_redis_remote(shared):
     """LMCache 0.5.6's Redis connector deadlocks its event-loop thread on
     close (a non-daemon thread). A (vLLM's engine-core and worker processes)

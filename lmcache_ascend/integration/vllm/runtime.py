@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
@@ -23,6 +24,7 @@ from lmcache_ascend.v1.engine_glue import (
     PagedChunkConnector,
     apply_extra_config,
     enforce_engine_requirements,
+    validate_engine_config,
 )
 from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
 
@@ -53,6 +55,9 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     register_config_keys()
     config = lmcache_get_or_create_config()
     apply_extra_config(config, vllm_layout.kv_transfer_extra_config(vllm_config))
+    # LMCache converts its LMCACHE_* variables itself; re-read them only to
+    # name a value it dropped (it keeps None) in the error.
+    validate_engine_config(config, os.environ)
     groups = vllm_layout.scheduler_groups(kv_cache_config)
     enforce_engine_requirements(config, len(groups))
     chunk_size = int(config.chunk_size)

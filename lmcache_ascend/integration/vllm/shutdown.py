@@ -44,6 +44,41 @@ def _bounded(name: str, fn: Callable[[], Any], timeout: float = CLOSE_TIMEOUT_S)
     return True
 
 
+def detach_remote_backends(engine: Any, timeout: float = CLOSE_TIMEOUT_S) -> None:
+    """Work around LMCache 0.5.6's Redis close deadlock.
+
+    ``RedisConnector.close()`` runs on the storage manager's event loop and
+    calls the blocking ``AsyncPQExecutor.shutdown()``, which waits for a
+    coroutine on that same loop: the loop's (non-daemon) thread deadlocks
+    and the process can never exit. Close the connector's pieces with their
+    async calls instead and detach it, so ``RemoteBackend.close()`` skips it.
+    """
+    import asyncio
+
+    from lmcache.v1.storage_backend.remote_backend import RemoteBackend
+
+    backends = getattr(getattr(engine, "storage_manager", None), "storage_backends", None) or {}
+    for backend in list(backends.values()):
+        conn = getattr(backend, "connection", None)
+        if not isinstance(backend, RemoteBackend) or conn is None:
+            continue
+        backend.connection = None
+        inner = conn.getWrappedConnector() if hasattr(conn, "getWrappedConnector") else conn
+
+        async def close(inner: Any = inner) -> None:
+            executor = getattr(inner, "pq_executor", None)
+            if executor is not None:
+                await executor.shutdown_async(wait=False)
+            client = getattr(inner, "connection", None)
+            if client is not None and hasattr(client, "aclose"):
+                await client.aclose()
+
+        try:
+            asyncio.run_coroutine_threadsafe(close(), backend.loop).result(timeout)
+        except Exception as exc:  # noqa: BLE001
+            logger.warning("lmcache-ascend: closing remote connector %r: %r", inner, exc)
+
+
 def close_quietly(connector: Any) -> None:
     client = getattr(connector, "_lookup_client", None)
     if client is not None:
@@ -59,5 +94,6 @@ def close_quietly(connector: Any) -> None:
         if instance_id is not None:
             from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
+            _bounded("remote backends", lambda: detach_remote_backends(worker.engine))
             _bounded("LMCache engine", lambda: LMCacheEngineBuilder.destroy(instance_id))
         connector._worker = None
