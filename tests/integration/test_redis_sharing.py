@@ -77,6 +77,10 @@ def engine_env(url: str) -> dict[str, str]:
         "LMCACHE_LOCAL_CPU": "True",
         "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5",
         "LMCACHE_CHUNK_SIZE": str(CHUNK),
+        # Exact hit counts are asserted below: a slow lookup on a loaded
+        # machine must not become a miss here (that path has its own tests,
+        # tests/unit/test_lookup_failures.py).
+        "LMCACHE_LOOKUP_TIMEOUT_MS": "30000",
     }
 
 
@@ -218,6 +222,7 @@ def test_engine_b_gets_external_hits_identical_to_no_connector(shared):
     s0 = load["S0"]
     assert s0.num_cached_tokens >= CHUNKS_PER_PROMPT * CHUNK, s0.num_cached_tokens
     assert "lmcache-ascend" in shared.b.log
+    assert "lookup got no answer" not in shared.b.log
     assert mismatch(s0, shared.ref["S0"]) is None
     again = _by_name(shared.b, 1)["S0"]
     assert again.num_cached_tokens >= CHUNKS_PER_PROMPT * CHUNK
@@ -266,6 +271,16 @@ def test_truncated_entries_are_refused(shared):
     assert any("truncated or from another layout" in w for w in request_warnings(shared.b.log, 3))
 
 
+def _diagnostics(log: str, number: int) -> str:
+    """Log lines that explain a request's hits: its own lines and any
+    lookup or remote-connection trouble."""
+    tag = f"request {number}-"
+    keep = ("lookup", "Remote connection", "Timeout occurred", "Key exists")
+    return "\n".join(
+        line for line in log.splitlines() if tag in line or any(k in line for k in keep)
+    )[-6000:]
+
+
 def test_deleted_entries_become_misses(shared):
     first, second = _b_transfers(shared)
     # S4: value gone, metadata left: LMCache returns nothing for chunk 2 and
@@ -273,7 +288,9 @@ def test_deleted_entries_become_misses(shared):
     # B stores the recomputed chunk again.
     assert (first["S4"].hit, first["S4"].loaded, first["S4"].load_error) == (FULL, 2 * CHUNK, True)
     assert "Key exists but KV cache does not exist" in shared.b.log
-    assert (second["S4"].hit, second["S4"].loaded, second["S4"].stored) == (2 * CHUNK, 2 * CHUNK, CHUNK)
+    assert (second["S4"].hit, second["S4"].loaded, second["S4"].stored) == (2 * CHUNK, 2 * CHUNK, CHUNK), (
+        _diagnostics(shared.b.log, len(NAMES) + NAMES.index("S4"))
+    )
     # S5: both keys of chunk 0 gone: a plain miss; B stores the prompt again
     # and its next request hits.
     assert (first["S5"].hit, first["S5"].stored) == (0, FULL)

@@ -137,7 +137,11 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
             delta = self._worker.take_stats()
         elif self._scheduler is not None:
             st = self._scheduler.stats
-            now = Counters(lookup_requests=st.lookups, hit_tokens=st.lookup_hit_tokens)
+            now = Counters(
+                lookup_requests=st.lookups,
+                lookup_failures=st.lookup_failures,
+                hit_tokens=st.lookup_hit_tokens,
+            )
             delta = now.minus(self._sched_reported)
             self._sched_reported = now
         else:

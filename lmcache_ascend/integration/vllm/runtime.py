@@ -102,6 +102,28 @@ def hit_blockers(setup: ConnectorSetup) -> tuple[SchedulerGroup, ...]:
     return tuple(unrestorable_groups(setup.groups, setup.ascend_config))
 
 
+def lookup_through(client: Any, chunk_size: int):
+    """The scheduler's lookup function over an LMCache lookup client:
+    tokens of the longest stored prefix, or None when nothing answered."""
+
+    def lookup(token_ids, req_id: str) -> Optional[int]:
+        tokens = list(token_ids)
+        try:
+            hit = client.lookup(tokens, lookup_id=req_id)
+            # The client records a result only when the lookup server
+            # answered; a timeout or transport error returns 0 unrecorded.
+            answered = hit is not None and client.lookup_cache(req_id) != -1
+        finally:
+            # We keep hits ourselves; LMCache's per-request record would
+            # otherwise grow for the life of the server.
+            client.clear_lookup_status(req_id)
+        if not answered and len(tokens) >= chunk_size:
+            return None
+        return int(hit or 0)
+
+    return lookup
+
+
 def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> tuple[SchedulerHalf, Any]:
     """Returns the half and the LMCache lookup client (to close on shutdown)."""
     from lmcache.v1.lookup_client.factory import LookupClientFactory
@@ -113,8 +135,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> tuple[Schedu
     )
     client = LookupClientFactory.create_lookup_client(setup.lmcache_config, metadata)
 
-    def lookup(token_ids, req_id: str) -> int:
-        return int(client.lookup(list(token_ids), lookup_id=req_id) or 0)
+    lookup = lookup_through(client, setup.chunk_size)
 
     half = SchedulerHalf(
         setup.groups, setup.chunk_size, lookup, hit_blockers=hit_blockers(setup)
@@ -145,7 +166,7 @@ def build_worker_half(
     setup = load_setup(vllm_config, kv_cache_config)
     hints = worker_layout_hints(kv_cache_config)
     plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
-    transfer = ChunkTransfer(plan, kv_device=_kv_device(kv_caches))
+    transfer = ChunkTransfer(plan, kv_device=kv_device(kv_caches))
     connector = PagedChunkConnector(
         plan.chunk_bytes,
         setup.chunk_size,
@@ -215,7 +236,7 @@ def worker_layout_hints(kv_cache_config: Any):
     return LayoutHints(kv_layout=facts.kv_layout, layer_compress_ratio=facts.layer_compress_ratio)
 
 
-def _kv_device(kv_caches: Mapping[str, Any]) -> torch.device:
+def kv_device(kv_caches: Mapping[str, Any]) -> torch.device:
     for entry in kv_caches.values():
         tensor = entry if isinstance(entry, torch.Tensor) else next(iter(entry))
         return tensor.device

@@ -23,8 +23,13 @@ from lmcache_ascend.v1.slot_mapping import primary_group
 
 logger = logging.getLogger(__name__)
 
-# (token ids, lookup id) -> tokens of the longest stored prefix
-LookupFn = Callable[[Sequence[int], str], int]
+# (token ids, lookup id) -> tokens of the longest stored prefix, or None
+# when LMCache gave no answer (timeout, transport error): served as a miss.
+LookupFn = Callable[[Sequence[int], str], Optional[int]]
+
+# A failing lookup path is logged on the first failure and then every this
+# many, so a dead lookup server cannot flood the log.
+_LOOKUP_FAILURE_LOG_EVERY = 100
 
 
 @dataclass
@@ -46,6 +51,7 @@ class _PendingLoad:
 class SchedulerStats:
     lookups: int = 0
     lookup_hit_tokens: int = 0
+    lookup_failures: int = 0
     refused_hits: int = 0
     stores_planned_tokens: int = 0
     loads_planned_tokens: int = 0
@@ -100,11 +106,27 @@ class SchedulerHalf:
             self._hits[view.req_id] = 0
             return 0, False
         self.stats.lookups += 1
-        hit = int(self._lookup(view.token_ids[:limit], view.req_id) or 0)
+        found = self._lookup(view.token_ids[:limit], view.req_id)
+        if found is None:
+            self._lookup_failed(view.req_id)
+            found = 0
+        hit = int(found)
         hit = min(hit - hit % self.chunk_size, limit)
         self._hits[view.req_id] = hit
         self.stats.lookup_hit_tokens += hit
         return (hit - num_computed_tokens, False) if hit > num_computed_tokens else (0, False)
+
+    def _lookup_failed(self, req_id: str) -> None:
+        self.stats.lookup_failures += 1
+        n = self.stats.lookup_failures
+        if n == 1 or n % _LOOKUP_FAILURE_LOG_EVERY == 0:
+            logger.warning(
+                "lmcache-ascend: request %s: LMCache lookup got no answer (timeout or "
+                "transport error; see LMCache's lookup_timeout_ms); served as a miss, "
+                "output unaffected. %d lookup failure(s) so far.",
+                req_id,
+                n,
+            )
 
     def update_state_after_alloc(self, req_id: str, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:

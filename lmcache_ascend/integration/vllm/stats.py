@@ -23,6 +23,7 @@ class Counters:
     """Everything we count. All fields are additive."""
 
     lookup_requests: int = 0
+    lookup_failures: int = 0
     hit_tokens: int = 0
     load_requests: int = 0
     loaded_tokens: int = 0
@@ -80,6 +81,7 @@ class AscendConnectorStats(KVConnectorStats):
 
 _DOCS = {
     "lookup_requests": "Requests looked up in LMCache.",
+    "lookup_failures": "Lookups LMCache did not answer (timeout, transport error); served as misses.",
     "hit_tokens": "Prompt tokens found in LMCache (chunk-aligned hits).",
     "load_requests": "Requests whose KV was loaded from LMCache.",
     "loaded_tokens": "Tokens whose KV was loaded from LMCache.",
