@@ -1,8 +1,12 @@
 """lmcache-ascend: multi-group (hybrid) KV-cache offload for vLLM through LMCache.
 
-``import lmcache_ascend`` is deliberately light: it exposes the version and
-gives the package's loggers a handler (vLLM only configures its own). LMCache
-config keys are registered when the connector starts (or by calling
+``import lmcache_ascend`` is deliberately light: it exposes the version, gives
+the package's loggers a handler (vLLM only configures its own) and installs
+the LMCache adapter shim hook, which imports nothing until LMCache's vLLM
+adapter is imported (see ``lmcache_ascend._lmcache_hook``): from then on our
+config keys are registered with LMCache and vLLM's own ``LMCacheConnectorV1``
+works on the CPU and on NPUs for single-group models. LMCache config keys are
+also registered when our connector starts (or by calling
 :func:`lmcache_ascend.v1.config.register_config_keys`).
 """
 
@@ -32,3 +36,7 @@ def _configure_logging() -> None:
 
 
 _configure_logging()
+
+from lmcache_ascend import _lmcache_hook  # noqa: E402
+
+_lmcache_hook.install()

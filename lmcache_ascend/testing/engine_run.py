@@ -34,6 +34,7 @@ class Scenario:
     model: str
     phases: list[Phase]
     # "none" | "ascend" (module path) | "ascend-plugin" (entry point name only)
+    # | "lmcache" (vLLM's own LMCacheConnectorV1, served through our shim)
     connector: str = "ascend"
     kv_role: str = "kv_both"
     kv_extra: dict[str, Any] = field(default_factory=dict)
@@ -70,6 +71,12 @@ class PhaseResult:
 def kv_transfer_config(s: Scenario) -> Optional[dict[str, Any]]:
     if s.connector == "none":
         return None
+    if s.connector == "lmcache":
+        return {
+            "kv_connector": "LMCacheConnectorV1",
+            "kv_role": s.kv_role,
+            "kv_connector_extra_config": dict(s.kv_extra),
+        }
     cfg: dict[str, Any] = {
         "kv_connector": "LMCacheAscendConnectorV1Dynamic",
         "kv_role": s.kv_role,
@@ -78,7 +85,9 @@ def kv_transfer_config(s: Scenario) -> Optional[dict[str, Any]]:
     if s.connector == "ascend":
         cfg["kv_connector_module_path"] = CONNECTOR_MODULE
     elif s.connector != "ascend-plugin":
-        raise ValueError(f"unknown connector {s.connector!r}; valid: none, ascend, ascend-plugin")
+        raise ValueError(
+            f"unknown connector {s.connector!r}; valid: none, ascend, ascend-plugin, lmcache"
+        )
     return cfg
 
 

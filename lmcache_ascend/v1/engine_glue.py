@@ -165,17 +165,28 @@ def validate_engine_config(config: LMCacheEngineConfig, environ: Mapping[str, st
         )
 
 
-def enforce_engine_requirements(config: LMCacheEngineConfig, num_groups: int) -> None:
-    """Settings this connector relies on, applied with a log line each."""
+def enforce_engine_requirements(
+    config: LMCacheEngineConfig, num_groups: int, connector: str = "LMCacheAscendConnectorV1Dynamic"
+) -> None:
+    """Settings our chunk path relies on, applied with a log line each;
+    ``connector`` names the route in the errors."""
     if config.use_layerwise:
         raise ValueError(
-            "use_layerwise=True is not supported by LMCacheAscendConnectorV1Dynamic "
+            f"use_layerwise=True is not supported by {connector} "
             "(chunks move whole, all kernel groups per chunk); set use_layerwise: false"
         )
     if config.enable_blending:
         raise ValueError(
-            "enable_blending=True is not supported by LMCacheAscendConnectorV1Dynamic; "
+            f"enable_blending=True is not supported by {connector}; "
             "set enable_blending: false"
+        )
+    if config.enable_async_loading:
+        # The async lookup client answers "not yet" (None) and expects the
+        # connector to ask again later; our loads complete inside the step.
+        raise ValueError(
+            f"enable_async_loading=True is not supported by {connector} "
+            "(loads complete inside the step that schedules them); set "
+            "enable_async_loading: false"
         )
     if config.save_unfull_chunk:
         # Every chunk buffer has one fixed geometry; a partial tail chunk of a
@@ -245,18 +256,26 @@ class PagedChunkConnector(GPUConnectorInterface):
         store: Callable[[torch.Tensor, ChunkRequest], Any],
         load: Callable[[torch.Tensor, ChunkRequest], Any],
         checksums: bool = True,
+        trailer: bool = True,
     ) -> None:
+        """``trailer=False``: buffers have no room after the payload (LMCache
+        sized them), so nothing is written there and only sizes are checked."""
+        if checksums and not trailer:
+            raise ValueError("checksums need the trailer")
         self.chunk_bytes = chunk_bytes
         self.chunk_size = chunk_size
         self._store = store
         self._load = load
         self.checksums = checksums
+        self.trailer_bytes = TRAILER_BYTES if trailer else 0
         self.stats = ChunkIOStats()
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         return buffer_shape(self.chunk_bytes, self.chunk_size)
 
     def _seal(self, buf: torch.Tensor) -> None:
+        if not self.trailer_bytes:
+            return
         trailer = buf[self.chunk_bytes : self.chunk_bytes + TRAILER_BYTES]
         if self.checksums:
             crc = _crc(buf[: self.chunk_bytes])
@@ -267,10 +286,10 @@ class PagedChunkConnector(GPUConnectorInterface):
     def _verify(self, buf: torch.Tensor, start: int) -> None:
         """Refuse a chunk whose size or checksum is wrong, before any byte
         of it reaches vLLM's KV cache."""
-        if buf.numel() < self.chunk_bytes + TRAILER_BYTES:
+        if buf.numel() < self.chunk_bytes + self.trailer_bytes:
             raise ChunkCorrupted(
                 f"chunk at token {start}: {buf.numel()} bytes, expected at least "
-                f"{self.chunk_bytes + TRAILER_BYTES} (truncated or from another layout)"
+                f"{self.chunk_bytes + self.trailer_bytes} (truncated or from another layout)"
             )
         if not self.checksums:
             return

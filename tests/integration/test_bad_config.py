@@ -86,6 +86,8 @@ def cases(closed_port: int, tmp: Path) -> list[Case]:
              expect=["remote_serde", "bogus", "naive"]),
         Case("layerwise_unsupported", extra={"lmcache.use_layerwise": True},
              expect=["use_layerwise"]),
+        Case("async_loading_unsupported", extra={"lmcache.enable_async_loading": True},
+             expect=["enable_async_loading", "false"]),
         # -- lmcache-ascend keys --------------------------------------------
         Case("ascend_bool_env", env={"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "perhaps"},
              expect=["ascend_skip_state_groups", "perhaps", "true/false"]),

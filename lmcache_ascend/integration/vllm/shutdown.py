@@ -17,7 +17,7 @@ logger = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 5.0
 
 
-def _bounded(name: str, fn: Callable[[], Any], timeout: float = CLOSE_TIMEOUT_S) -> bool:
+def bounded_close(name: str, fn: Callable[[], Any], timeout: float = CLOSE_TIMEOUT_S) -> bool:
     done = threading.Event()
     error: list[BaseException] = []
 
@@ -82,11 +82,11 @@ def detach_remote_backends(engine: Any, timeout: float = CLOSE_TIMEOUT_S) -> Non
 def close_quietly(connector: Any) -> None:
     client = getattr(connector, "_lookup_client", None)
     if client is not None:
-        _bounded("lookup client", client.close)
+        bounded_close("lookup client", client.close)
         connector._lookup_client = None
     server = getattr(connector, "_lookup_server", None)
     if server is not None:
-        _bounded("lookup server", server.close)
+        bounded_close("lookup server", server.close)
         connector._lookup_server = None
     worker = getattr(connector, "_worker", None)
     if worker is not None:
@@ -94,6 +94,6 @@ def close_quietly(connector: Any) -> None:
         if instance_id is not None:
             from lmcache.v1.cache_engine import LMCacheEngineBuilder
 
-            _bounded("remote backends", lambda: detach_remote_backends(worker.engine))
-            _bounded("LMCache engine", lambda: LMCacheEngineBuilder.destroy(instance_id))
+            bounded_close("remote backends", lambda: detach_remote_backends(worker.engine))
+            bounded_close("LMCache engine", lambda: LMCacheEngineBuilder.destroy(instance_id))
         connector._worker = None

@@ -1,0 +1,93 @@
+"""Applies the LMCache adapter shim when LMCache's modules are imported.
+
+``import lmcache_ascend`` must stay cheap and must not import LMCache: on an
+NPU host LMCache itself imports ``lmcache_ascend.ops`` while it initializes,
+so importing LMCache from here would be circular. Instead a meta-path finder
+waits for two LMCache modules and acts right after each has executed (or at
+once, if it is already imported): ``lmcache.v1.config`` gets our config keys;
+LMCache's in-process vLLM adapter (vLLM imports it lazily, when its
+``LMCacheConnectorV1`` is constructed) gets the shim. LMCache is fully
+initialized by the time the adapter is imported, so the shim may import from
+it freely.
+
+The patches themselves live in
+``lmcache_ascend.integration.vllm.lmcache_adapter_shim``.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import sys
+import threading
+
+_lock = threading.Lock()
+_installed = False
+
+
+def _config_executed(module) -> None:
+    # Our keys, for any LMCache config loaded after `import lmcache_ascend`;
+    # register_config_keys imports nothing else of LMCache.
+    from lmcache_ascend.v1.config import register_config_keys
+
+    register_config_keys()
+
+
+def _adapter_executed(module) -> None:
+    from lmcache_ascend.integration.vllm.lmcache_adapter_shim import patch_v1_adapter
+
+    patch_v1_adapter(module)
+
+
+# LMCache module -> what to do with it once it has executed.
+TARGETS = {
+    "lmcache.v1.config": _config_executed,
+    "lmcache.integration.vllm.vllm_v1_adapter": _adapter_executed,
+}
+
+
+def _apply(name: str, module) -> None:
+    TARGETS[name](module)
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    def __init__(self, name: str, loader) -> None:
+        self._name = name
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._loader.exec_module(module)
+        _apply(self._name, module)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in TARGETS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return spec
+        spec.loader = _PatchingLoader(fullname, spec.loader)
+        return spec
+
+
+def install() -> None:
+    """Idempotent. Patches already-imported targets now, the others on import."""
+    global _installed
+    with _lock:
+        if _installed:
+            return
+        _installed = True
+        sys.meta_path.insert(0, _Finder())
+        # A module still executing (LMCache importing us from its own
+        # init) is skipped; the connectors register and patch at startup.
+        present = [
+            (n, sys.modules[n])
+            for n in TARGETS
+            if n in sys.modules and not getattr(getattr(sys.modules[n], "__spec__", None), "_initializing", False)
+        ]
+    for name, module in present:
+        _apply(name, module)

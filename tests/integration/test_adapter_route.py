@@ -1,0 +1,63 @@
+"""vLLM's own ``LMCacheConnectorV1`` on the CPU, through the adapter shim.
+
+Without lmcache-ascend, LMCache 0.5.6's adapter stops at startup on this
+platform (``No supported cpu connector found``; see
+tests/unit/test_adapter_shim.py). With it installed, vLLM's plugin loading
+imports ``lmcache_ascend`` in every vLLM process, and the shim gives LMCache's
+engine our chunk path. Each run is compared with a run without a connector.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_ascend.testing.engine_run import Phase, Scenario
+from lmcache_ascend.testing.tiny_models import token_prompt
+
+from .test_engine_hits import CHUNK, assert_same
+
+pytestmark = pytest.mark.engine
+
+ANNOUNCE = "LMCache has no vLLM connector for device 'cpu'"
+
+
+def _phases(prompt: list[int], other: list[int]) -> list[Phase]:
+    return [
+        Phase("cold", [prompt], sequential=True),
+        Phase("warm", [prompt], reset_prefix_cache=True, sequential=True),
+        # Shares the first two chunks, then diverges.
+        Phase("shared", [prompt[: 2 * CHUNK] + other], reset_prefix_cache=True, sequential=True),
+    ]
+
+
+@pytest.mark.parametrize(
+    "model_name, env",
+    [
+        ("llama", {}),
+        # Gemma-3 has six KV cache groups under vLLM's hybrid manager; this
+        # connector is not SupportsHMA, so vLLM turns the manager off and
+        # hands over one group. Engine core in-process this time.
+        ("gemma3", {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}),
+    ],
+)
+def test_lmcache_connector_v1_hits_and_matches_no_connector(run_engine, tiny_model, model_name, env):
+    model = tiny_model(model_name)
+    prompt = token_prompt(3 * CHUNK + 60, seed=41)
+    phases = _phases(prompt, token_prompt(90, seed=42))
+    got, log = run_engine(Scenario(model=model, phases=phases, connector="lmcache", env=env))
+    ref, _ = run_engine(Scenario(model=model, phases=phases, connector="none", env=env))
+    for g, r in zip(got, ref):
+        assert_same(g, r, g.name)
+    cold, warm, shared = (p.completions[0] for p in got)
+    assert cold.num_cached_tokens == 0
+    assert warm.num_cached_tokens == 3 * CHUNK  # every whole chunk
+    assert shared.num_cached_tokens == 2 * CHUNK
+    # LMCache's adapter drove it, our chunk path moved the bytes.
+    assert ANNOUNCE in log
+    assert "lmcache-ascend adapter plan" in log
+    assert f"Retrieved {3 * CHUNK} out of {3 * CHUNK} required tokens" in log
+    assert "not loaded" not in log and "storing request" not in log
+    if env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        # vLLM 0.32's LMCacheConnectorV1 never closes LMCache's engine, whose
+        # non-daemon thread would keep this process alive; the shim closes it.
+        assert "LMCacheEngine instance vllm-instance destroyed" in log
