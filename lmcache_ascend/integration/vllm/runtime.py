@@ -54,12 +54,14 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
 
     register_config_keys()
     config = lmcache_get_or_create_config()
-    apply_extra_config(config, vllm_layout.kv_transfer_extra_config(vllm_config))
+    extra = vllm_layout.kv_transfer_extra_config(vllm_config)
+    apply_extra_config(config, extra)
     # LMCache converts its LMCACHE_* variables itself; re-read them only to
     # name a value it dropped (it keeps None) in the error.
     validate_engine_config(config, os.environ)
     groups = vllm_layout.scheduler_groups(kv_cache_config)
     enforce_engine_requirements(config, len(groups))
+    _default_chunk_size(config, groups, extra)
     chunk_size = int(config.chunk_size)
     if chunk_size <= 0:
         raise ValueError(f"LMCache chunk_size must be > 0, got {chunk_size}")
@@ -74,6 +76,27 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
         rank=rank,
         world_size=world,
     )
+
+
+def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: Mapping[str, Any]) -> None:
+    """Unless the user chose one, chunk as finely as vLLM's blocks (see
+    ``v1/chunking.py``). Both halves decide alike from the same inputs."""
+    from lmcache_ascend.v1.chunking import chunk_size_configured, finest_chunk_size
+
+    if chunk_size_configured(extra, os.environ):
+        return
+    finest = finest_chunk_size(groups)
+    current = int(config.chunk_size)
+    if finest is None or finest >= current:
+        return
+    logger.info(
+        "lmcache-ascend: chunk_size not set; using %d tokens (vLLM's block granularity) "
+        "instead of LMCache's default %d, so a hit leaves no more tokens to compute "
+        "than vLLM's own prefix cache does. Set chunk_size to choose another.",
+        finest,
+        current,
+    )
+    config.chunk_size = finest
 
 
 def _metadata(setup: ConnectorSetup, role: str, chunk_bytes: int, num_layers: int, extra: Mapping[str, Any]):

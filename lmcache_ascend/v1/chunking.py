@@ -1,0 +1,66 @@
+"""The default LMCache chunk size: as fine as vLLM's own prefix cache.
+
+A hit is a whole number of chunks and never the whole prompt, so it leaves up
+to ``chunk_size`` tokens to compute, where vLLM's own prefix cache leaves up
+to one block. With LMCache's default chunk of 256 tokens and vLLM's 128-token
+blocks, a hit from LMCache recomputes on average 128 tokens more than a hit
+from vLLM's cache; at 8k tokens on a CPU that is 0.3-0.8 s (docs/benchmarks.md).
+So when the user has not chosen a chunk size, the connector uses the smallest
+size every group can be cut at (the lcm of their block sizes and compress
+ratios), raised to a multiple of at least ``FLOOR_TOKENS`` so tiny blocks do
+not multiply per-chunk costs. An explicit ``chunk_size`` always wins.
+
+Pure code: the caller passes the environment and the extra config.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+
+FLOOR_TOKENS = 128
+_EXTRA_KEYS = ("chunk_size", "lmcache.chunk_size")
+
+
+def _yaml_keys(path: str) -> Mapping[str, Any]:
+    import yaml
+
+    with open(path, encoding="utf-8") as fh:
+        data = yaml.safe_load(fh)
+    return data if isinstance(data, dict) else {}
+
+
+def chunk_size_configured(
+    extra: Optional[Mapping[str, Any]],
+    environ: Mapping[str, str],
+    read_config_file: Callable[[str], Mapping[str, Any]] = _yaml_keys,
+) -> bool:
+    """Did the user set ``chunk_size`` anywhere LMCache reads it from?"""
+    if extra and any(k in extra for k in _EXTRA_KEYS):
+        return True
+    if environ.get("LMCACHE_CHUNK_SIZE", "").strip():
+        return True
+    path = environ.get("LMCACHE_CONFIG_FILE", "").strip()
+    # LMCache itself reports an unreadable file; here it just counts as unset.
+    try:
+        return bool(path) and "chunk_size" in read_config_file(path)
+    except OSError:
+        return False
+
+
+def finest_chunk_size(groups: Sequence[SchedulerGroup], floor: int = FLOOR_TOKENS) -> Optional[int]:
+    """Smallest chunk every attention group can be cut at, at least ``floor``
+    tokens; None when there is no attention group."""
+    units = [
+        n
+        for g in groups
+        if g.kind is not GroupKind.STATE
+        for n in (g.block_size, g.compress_ratio)
+        if n and n > 0
+    ]
+    if not units:
+        return None
+    unit = math.lcm(*units)
+    return unit * max(1, -(-floor // unit))

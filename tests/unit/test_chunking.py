@@ -1,0 +1,56 @@
+"""Default chunk size: vLLM's block granularity unless the user chose one."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmcache_ascend.v1.chunking import chunk_size_configured, finest_chunk_size
+from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+
+FULL, SLIDING, STATE = GroupKind.FULL, GroupKind.SLIDING, GroupKind.STATE
+
+
+def groups(*rows) -> tuple[SchedulerGroup, ...]:
+    return tuple(
+        SchedulerGroup(index=i, kind=k, spec_name="S", block_size=bs, compress_ratio=r,
+                       sliding_window=64 if k is SLIDING else None)
+        for i, (k, bs, r) in enumerate(rows)
+    )
+
+
+@pytest.mark.parametrize(
+    "layout, expected",
+    [
+        (groups((FULL, 128, 1)), 128),  # vLLM-CPU / vLLM-Ascend attention
+        (groups((SLIDING, 128, 1),) * 5 + groups((FULL, 128, 1)), 128),  # Gemma-3
+        (groups((FULL, 16, 1)), 128),  # GPU-sized blocks: raised to the floor
+        (groups((FULL, 48, 1)), 144),  # a multiple of 48, at least 128
+        (groups((FULL, 256, 4), (SLIDING, 64, 1), (FULL, 64, 1), (SLIDING, 4, 1), (SLIDING, 8, 1)), 256),  # DSv4
+        (groups((STATE, 640, 1), (FULL, 640, 1)), 640),  # Qwen3-Next on vLLM-CPU
+        (groups((FULL, 128, 128)), 128),
+        (groups((STATE, 64, 1)), None),  # nothing to cut
+    ],
+)
+def test_finest_chunk_size(layout, expected):
+    got = finest_chunk_size(layout)
+    assert got == expected
+    if got is not None:
+        for g in layout:
+            if g.kind is not STATE:
+                assert got % g.block_size == 0 and got % g.compress_ratio == 0
+
+
+def test_explicit_chunk_size_is_detected_wherever_lmcache_reads_it(tmp_path):
+    yaml_with = tmp_path / "with.yaml"
+    yaml_with.write_text("chunk_size: 512\nlocal_cpu: true\n")
+    yaml_without = tmp_path / "without.yaml"
+    yaml_without.write_text("local_cpu: true\n")
+    assert not chunk_size_configured({}, {})
+    assert not chunk_size_configured({"lmcache.local_cpu": True}, {"LMCACHE_LOCAL_CPU": "1"})
+    assert chunk_size_configured({"lmcache.chunk_size": 256}, {})
+    assert chunk_size_configured({"chunk_size": 256}, {})
+    assert chunk_size_configured(None, {"LMCACHE_CHUNK_SIZE": "256"})
+    assert not chunk_size_configured(None, {"LMCACHE_CHUNK_SIZE": " "})
+    assert chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(yaml_with)})
+    assert not chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(yaml_without)})
+    assert not chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(tmp_path / "missing.yaml")})
