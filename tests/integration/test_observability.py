@@ -1,5 +1,5 @@
 """What users see: the OpenAI server's /metrics, the per-request log line,
-and `lmcache-ascend explain`."""
+`lmcache-ascend explain` and `lmcache-ascend demo`."""
 
 from __future__ import annotations
 
@@ -143,3 +143,23 @@ def test_explain_prints_groups_and_kernel_plan(tiny_model):
             assert s["planned_bytes"] < s["naive_bytes"]
         else:
             assert s["planned_bytes"] == s["naive_bytes"]
+
+
+def test_demo_serves_warm_hits_with_identical_outputs(tmp_path):
+    """The README's first command ends in `lmcache-ascend demo`: it must run
+    to the end, with several requests, and report hits and equal outputs."""
+    models = Path(__file__).resolve().parents[1] / ".models"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", LMCACHE_ASCEND_MODEL_CACHE=str(models))
+    out = subprocess.run(
+        [sys.executable, "-m", "lmcache_ascend.cli", "demo", "--prefix-tokens", "512",
+         "--suffix-tokens", "32", "--requests", "3", "--max-tokens", "4"],
+        capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+    )
+    assert out.returncode == 0, (out.stdout[-3000:], out.stderr[-3000:])
+    rows = re.findall(r"^\s+(\d+) \|.*\|\s+(\d+) \|\s+(\d+) \|\s+(yes|NO)$", out.stdout, re.M)
+    assert [r[0] for r in rows] == ["0", "1", "2"], out.stdout[-3000:]
+    # Warm: every request hits the whole shared prefix (512 of 544 tokens:
+    # chunks of vLLM-CPU's 128-token blocks, never the last token).
+    assert [int(r[2]) for r in rows] == [512, 512, 512]
+    assert all(r[3] == "yes" for r in rows)
+    assert "outputs and logprobs identical (warm vs cold vs no-connector): yes" in out.stdout
