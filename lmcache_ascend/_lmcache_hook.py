@@ -3,8 +3,9 @@
 ``import lmcache_ascend`` must stay cheap and must not import LMCache: on an
 NPU host LMCache itself imports ``lmcache_ascend.ops`` while it initializes,
 so importing LMCache from here would be circular. Instead a meta-path finder
-waits for two LMCache modules and acts right after each has executed (or at
-once, if it is already imported): ``lmcache.v1.config`` gets our config keys;
+waits for three LMCache modules and acts right after each has executed (or at
+once, if it is already imported): the remote job executor gets a fix for a
+hang (below), ``lmcache.v1.config`` gets our config keys;
 LMCache's in-process vLLM adapter (vLLM imports it lazily, when its
 ``LMCacheConnectorV1`` is constructed) gets the shim. LMCache is fully
 initialized by the time the adapter is imported, so the shim may import from
@@ -39,8 +40,32 @@ def _adapter_executed(module) -> None:
     patch_v1_adapter(module)
 
 
+def _pq_executor_executed(module) -> None:
+    """LMCache 0.5.6's ``AsyncPQExecutor.submit_job`` awaits its job's
+    future directly, so cancelling a caller cancels that future; the worker
+    then fails on ``set_result`` and dies. ``RemoteBackend.batched_get_blocking``
+    cancels every get behind a failed one, so a few damaged remote entries
+    kill all four workers and every later remote call (even a lookup's
+    ``exists``) waits forever. Shielding the future keeps workers alive."""
+    import asyncio
+
+    cls = module.AsyncPQExecutor
+    if getattr(cls, "_lmcache_ascend_shielded", False):
+        return
+
+    async def submit_job(self, fn, *args, **kwargs):
+        priority = kwargs.pop("priority", 0)
+        done = self.loop.create_future()
+        await self._queue.put((priority, next(self._counter), fn, args, kwargs, done))
+        return await asyncio.shield(done)
+
+    cls.submit_job = submit_job
+    cls._lmcache_ascend_shielded = True
+
+
 # LMCache module -> what to do with it once it has executed.
 TARGETS = {
+    "lmcache.v1.storage_backend.job_executor.pq_executor": _pq_executor_executed,
     "lmcache.v1.config": _config_executed,
     "lmcache.integration.vllm.vllm_v1_adapter": _adapter_executed,
 }
