@@ -57,7 +57,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -81,6 +80,7 @@ from e2e_logs import (  # noqa: E402
     ttfts,
     written_bytes,
 )
+from e2e_report import Row, print_diagnostics, print_table, targets  # noqa: E402
 
 PHASE_MARK = "BENCH_E2E_PHASE"
 RESERVED_CPUS = 0  # --reserved-cpus
@@ -283,62 +283,6 @@ def run_engine(sc, workdir: Path, tag: str, timeout: int, env_extra=None) -> Eng
 
 
 @dataclass
-class Row:
-    model: str
-    length: int
-    a: float
-    b: float
-    c: float
-    d: float
-    d_conn: float
-    e: float
-    hit_tokens: int
-    retrieve_s: float  # LMCache retrieve() in (c)
-    store_s_cold: float  # LMCache store() in (b)
-    restored_tokens_vllm_hit: int  # stored again in (d*)
-    store_s_vllm_hit: float
-    chunk_bytes: int
-    bytes_loaded: int
-    bytes_written: int
-    copy_s: float
-    samples: dict[str, list[float]] = field(default_factory=dict)
-
-    @property
-    def b_over_a(self) -> float:
-        return self.b / self.a
-
-    @property
-    def c_over_a(self) -> float:
-        return self.c / self.a
-
-    @property
-    def c_over_d(self) -> float:
-        return self.c / self.d
-
-    @staticmethod
-    def bw(nbytes: int, seconds: float) -> float:
-        return nbytes / seconds / 1e9 if seconds > 0 else float("inf")
-
-    @property
-    def eff_bw(self) -> float:  # the issue's definition: bytes / ((c) - (d))
-        return self.bw(self.bytes_loaded, self.c - self.d)
-
-    @property
-    def copy_bw(self) -> float:
-        return self.bw(self.bytes_loaded, self.copy_s)
-
-    def paired(self, x: str, y: str) -> float:
-        """Median of per-iteration differences x - y (same engine, seconds apart)."""
-        return med([a - b for a, b in zip(self.samples[x], self.samples[y])])
-
-    def best(self) -> "Row":
-        """The same row with every TTFT the minimum of its samples: on a
-        shared machine contention only ever adds time."""
-        m = {k: min(v) for k, v in self.samples.items() if v}
-        return dataclasses.replace(self, **m)
-
-
-@dataclass
 class Samples:
     ttft: dict[str, list[float]] = field(default_factory=dict)
     cached: dict[str, list[int]] = field(default_factory=dict)
@@ -426,68 +370,6 @@ def measure_model(name: str, spec, args, workdir: Path, log):
             )
         )
     return rows, plan, walls
-
-
-# -------------------------------------------------------------- report --
-
-
-def fmt_s(x: float) -> str:
-    return f"{x:.3f}" if x < 10 else f"{x:.2f}"
-
-
-def print_table(rows: list[Row], what: str = "median") -> None:
-    head = (
-        "| model | tokens | (a) cold | (b) cold, conn | (c) LMCache hit | (d) vLLM hit | "
-        "(b)/(a) | (c)/(a) | (c)/(d) | bytes loaded | load GB/s = bytes/((c)-(d)) | "
-        "copy GB/s | load / copy |"
-    )
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
-    for r in rows:
-        r = r.best() if what == "min" else r
-        print(
-            f"| {r.model} | {r.length} | {fmt_s(r.a)} | {fmt_s(r.b)} | {fmt_s(r.c)} | "
-            f"{fmt_s(r.d)} | {r.b_over_a:.3f} | {r.c_over_a:.3f} | {r.c_over_d:.2f} | "
-            f"{r.bytes_loaded / 2**20:.0f} MiB | {r.eff_bw:.2f} | {r.copy_bw:.2f} | "
-            f"{r.eff_bw / r.copy_bw:.2f} |"
-        )
-
-
-def print_diagnostics(rows: list[Row]) -> None:
-    head = (
-        "| model | tokens | hit tokens | store in (b) | store / (a) | retrieve in (c) | "
-        "(e) boundary hit | (c)-(e) | load GB/s = written/((c)-(e)) | (d*) vLLM hit, conn | "
-        "(c)-(d*) | re-stored in (d*) |"
-    )
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
-    for r in rows:
-        written = f"{r.bytes_written / 2**20:.0f} MiB"
-        ce, cd = r.paired("c", "e"), r.paired("c", "d_conn")
-        print(
-            f"| {r.model} | {r.length} | {r.hit_tokens} | {r.store_s_cold * 1e3:.1f} ms | "
-            f"{r.store_s_cold / r.a:.4f} | {r.retrieve_s * 1e3:.1f} ms | {fmt_s(r.e)} | "
-            f"{ce * 1e3:+.0f} ms | {r.bw(r.bytes_written, ce):.2f} ({written}) | "
-            f"{fmt_s(r.d_conn)} | {cd * 1e3:+.0f} ms | {r.restored_tokens_vllm_hit} tok, "
-            f"{r.store_s_vllm_hit * 1e3:.1f} ms |"
-        )
-
-
-def targets(rows: list[Row]) -> list[str]:
-    out = []
-    longest = max(r.length for r in rows)
-    for med_row in rows:
-        r = med_row
-        checks = [("(b)/(a) <= 1.03", r.b_over_a <= 1.03)]
-        if r.length == longest:
-            checks.append((f"(c)/(a) <= 0.05 at {r.length}", r.c_over_a <= 0.05))
-        checks.append(("(c)/(d) <= 1.5", r.c_over_d <= 1.5))
-        checks.append(("load >= 0.5x copy", r.eff_bw >= 0.5 * r.copy_bw))
-        out.append(
-            f"{r.model} {r.length}: "
-            + ", ".join(f"{what} {'ok' if ok else 'MISS'}" for what, ok in checks)
-        )
-    return out
 
 
 def print_profile(path: Path, top: int) -> None:
