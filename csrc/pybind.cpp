@@ -8,6 +8,7 @@
 // TransferDirection / EngineKVFormat stay in place (ours accept them).
 #include "ops.h"
 #include "ops_util.h"
+#include "cpu/row_engine.h"
 
 namespace {
 
@@ -149,6 +150,10 @@ PYBIND11_MODULE(ops, m) {
         py::arg("chunk"), py::arg("layer_ptrs"), py::arg("page_bytes"),
         py::arg("block_stride_bytes"), py::arg("num_blocks"),
         py::arg("block_ids"), py::arg("to_chunk"));
+
+  m.def("cpu_copy_threads", &lmca::cpu::probe_copy_threads,
+        "Threads the CPU copy ops use now: torch's intra-op thread count "
+        "when the module is built with OpenMP, else 1.");
 
   m.def("built_backends", &built_backends,
         "Backends compiled into this module: ['cpu'] or ['cpu', 'ascend'].");

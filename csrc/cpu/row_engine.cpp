@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
+#include <set>
+#include <thread>
 
 namespace lmca::cpu {
 namespace {
@@ -139,6 +142,17 @@ void run_memcpy_list(const std::vector<uint8_t*>& dst,
       std::memcpy(pieces[i].dst, pieces[i].src, static_cast<size_t>(pieces[i].n));
     }
   });
+}
+
+int64_t probe_copy_threads() {
+  std::mutex mu;
+  std::set<std::thread::id> seen;
+  const int64_t n = std::max<int64_t>(1, at::get_num_threads());
+  at::parallel_for(0, n, 1, [&](int64_t, int64_t) {
+    std::lock_guard<std::mutex> lock(mu);
+    seen.insert(std::this_thread::get_id());
+  });
+  return static_cast<int64_t>(seen.size());
 }
 
 }  // namespace lmca::cpu

@@ -42,4 +42,9 @@ void run_memcpy_list(const std::vector<uint8_t*>& dst,
                      const std::vector<const uint8_t*>& src,
                      const std::vector<int64_t>& sizes);
 
+// Distinct threads that run a parallel_for of one item per intra-op thread:
+// 1 when this module was built without OpenMP (copies then never use more
+// than one core), else torch's current intra-op thread count.
+int64_t probe_copy_threads();
+
 }  // namespace lmca::cpu

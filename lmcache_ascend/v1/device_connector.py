@@ -147,6 +147,14 @@ class ChunkTransfer:
                 ) from exc
         return self._ops
 
+    def copy_threads(self) -> Optional[int]:
+        """Threads the native CPU copies use now (None: KV is not on the CPU,
+        or the ops module cannot tell, e.g. the reference ops)."""
+        probe = getattr(self.ops, "cpu_copy_threads", None)
+        if self.kv_device.type != "cpu" or probe is None:
+            return None
+        return int(probe())
+
     # ---- addressing -------------------------------------------------------
 
     def _table(self, req: ChunkRequest, group: int) -> Any:

@@ -197,7 +197,8 @@ def test_bind_native_surface(native):
 
     lmcache_ops = {"multi_layer_kv_transfer", "single_layer_kv_transfer",
                    "multi_layer_block_kv_transfer", "lmcache_memcpy_async", "batched_memcpy"}
-    extras = {"multi_plane_kv_transfer", "block_page_transfer", "built_backends"}
+    extras = {"multi_plane_kv_transfer", "block_page_transfer", "built_backends",
+                  "cpu_copy_threads"}
     public = {n for n in dir(native) if not n.startswith("_")}
     assert public == lmcache_ops | extras
     for name in lmcache_ops:

@@ -137,3 +137,34 @@ def test_planning_modules_import_neither_vllm_nor_native_ops():
 
     root = Path(__file__).resolve().parents[2]
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=root)
+
+
+def test_copy_threads_are_logged_and_a_serial_build_is_warned(caplog):
+    import logging
+    import types
+
+    from lmcache_ascend.integration.vllm.runtime import log_copy_threads
+
+    native = pytest.importorskip("lmcache_ascend.ops")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _, _, xfer = _setup(native)
+        with caplog.at_level(logging.INFO, "lmcache_ascend"):
+            assert log_copy_threads(xfer) == 2
+        assert "CPU copies use 2 thread(s)" in caplog.text
+        # A module built without OpenMP copies on one thread: that must be loud.
+        serial = types.SimpleNamespace(**vars(native))
+        serial.cpu_copy_threads = lambda: 1
+        _, _, xfer = _setup(serial)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, "lmcache_ascend"):
+            assert log_copy_threads(xfer) == 1
+        warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warned) == 1 and "1 of torch's 2 threads" in warned[0].getMessage()
+        # Reference ops (no native copies) and non-CPU KV report nothing.
+        from lmcache_ascend.v1 import reference_ops
+
+        assert ChunkTransfer(xfer.plan, reference_ops).copy_threads() is None
+    finally:
+        torch.set_num_threads(before)

@@ -259,6 +259,7 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
             metadata.model_name = f"{metadata.model_name}+{plan.layout_fingerprint}"
     _guard_engine(engine, connector)
     logger.info("lmcache-ascend adapter plan:\n%s", plan.describe())
+    runtime.log_copy_threads(transfer)
 
 
 def _guard_engine(engine: Any, connector: AdapterChunkConnector) -> None:

@@ -233,12 +233,33 @@ def build_worker_half(
     half.instance_id = instance_id  # type: ignore[attr-defined]
     description = plan.describe()
     logger.info("lmcache-ascend worker plan:\n%s", description)
+    log_copy_threads(transfer)
     # One machine-readable line for tools (demo, explain) that read logs.
     logger.info(
         "LMCACHE_ASCEND_PLAN_JSON %s",
         json.dumps(dataclasses.asdict(description), default=str, separators=(",", ":")),
     )
     return half, plan, server
+
+
+def log_copy_threads(transfer: Any) -> Optional[int]:
+    """Says how many threads the CPU copies use; warns when the ops module
+    was built without OpenMP and so copies on one of several threads."""
+    used = transfer.copy_threads()
+    if used is None:
+        return None
+    available = torch.get_num_threads()
+    if used < available:
+        logger.warning(
+            "lmcache-ascend CPU copies use %d of torch's %d threads: lmcache_ascend.ops "
+            "was built without torch's OpenMP runtime (see the CMake warning of the "
+            "build); loads and stores run at single-thread memory bandwidth",
+            used,
+            available,
+        )
+    else:
+        logger.info("lmcache-ascend CPU copies use %d thread(s)", used)
+    return used
 
 
 def checksums_enabled(config: Any) -> bool:

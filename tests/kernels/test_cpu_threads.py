@@ -1,0 +1,95 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The CPU copy ops run on torch's intra-op threads, through the OpenMP
+runtime torch ships, and split work across threads without changing a byte
+(numpy references, jobs large enough to be split)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import plane_reference as ref
+from plane_reference import Plane
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_copies_follow_torch_thread_count(native, restore_threads, threads):
+    # More threads than cores still forms a team of that size (OpenMP does
+    # not cap it), so this holds on any machine.
+    torch.set_num_threads(threads)
+    assert native.cpu_copy_threads() == threads
+
+
+def test_one_openmp_runtime_the_one_torch_ships():
+    # A fresh interpreter: other wheels (sentencepiece) load private, renamed
+    # copies of libgomp of their own, which are not ours to judge.
+    probe = (
+        "import sys, torch, lmcache_ascend.ops as o; torch.set_num_threads(2); "
+        "assert o.cpu_copy_threads() == 2; "
+        "print('\\n'.join(l.split()[-1] for l in open('/proc/self/maps') "
+        "if 'gomp' in l.rsplit('/', 1)[-1]))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True).stdout
+    loaded = {Path(line).resolve() for line in out.split()}
+    torch_lib = (Path(torch.__file__).parent / "lib").resolve()
+    assert loaded, "no OpenMP runtime is loaded: the ops are built without OpenMP"
+    assert {p.parent for p in loaded} == {torch_lib}, loaded
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
+def test_split_row_job_matches_reference(native, restore_threads, threads, to_chunk):
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(100 + threads + 10 * to_chunk)
+    # ~3 MiB over 24 layers: many 256 KiB tasks, shuffled and skipped slots.
+    planes = [Plane(64, 584, 8, 64 * 584 + 96), Plane(16, 132, 32, 16 * 132)]
+    slots = [ref.plane_slots(p, n, rng) for p, n in zip(planes, [200, 300])]
+    layers = 24
+    pools = [[torch.from_numpy(rng.integers(0, 256, p.num_blocks * p.stride, dtype=np.uint8))
+              for p in planes] for _ in range(layers)]
+    chunk = torch.from_numpy(
+        rng.integers(0, 256, ref.layout_bytes(planes, slots, layers), dtype=np.uint8))
+    exp_pools = [[p.numpy().copy() for p in layer] for layer in pools]
+    exp_chunk = chunk.numpy().copy()
+    ptrs = [[p.data_ptr() for p in layer] for layer in pools]
+    native.multi_plane_kv_transfer(chunk, **ref.native_args(planes, slots, ptrs),
+                                   to_chunk=to_chunk, num_layers=layers)
+    ref.multi_plane(exp_chunk, exp_pools, planes, slots, to_chunk)
+    np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
+    for layer, exp_layer in zip(pools, exp_pools):
+        for p, e in zip(layer, exp_layer):
+            np.testing.assert_array_equal(p.numpy(), e)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
+def test_split_block_pages_match_reference(native, restore_threads, threads, to_chunk):
+    torch.set_num_threads(threads)
+    rng = np.random.default_rng(200 + threads + 10 * to_chunk)
+    # 240 odd-sized 64 KiB pages in 12 layers, shuffled: many tasks per thread.
+    page, stride, nb, layers = 64 * 1024 + 3, 64 * 1024 + 64, 24, 12
+    ids = rng.permutation(nb)[:20].astype(np.int64)
+    ids[[3, 11]] = -1
+    pools = [torch.from_numpy(rng.integers(0, 256, nb * stride, dtype=np.uint8))
+             for _ in range(layers)]
+    chunk = torch.from_numpy(rng.integers(0, 256, layers * len(ids) * page, dtype=np.uint8))
+    exp_pools, exp_chunk = [p.numpy().copy() for p in pools], chunk.numpy().copy()
+    native.block_page_transfer(chunk, torch.tensor([p.data_ptr() for p in pools]),
+                               page, stride, nb, torch.from_numpy(ids), to_chunk)
+    ref.block_pages(exp_chunk, exp_pools, page, stride, ids, to_chunk)
+    np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
+    for p, e in zip(pools, exp_pools):
+        np.testing.assert_array_equal(p.numpy(), e)
