@@ -378,6 +378,8 @@ def print_profile(path: Path, top: int) -> None:
     st = pstats.Stats(str(path))
     st.sort_stats("cumulative").print_stats(top)
     st.sort_stats("tottime").print_stats(top)
+    # The connector's own path (LMCache and lmcache_ascend frames only).
+    st.sort_stats("cumulative").print_stats("lmcache", top)
 
 
 def profile_model(name: str, spec, args, workdir: Path, log) -> None:

@@ -258,6 +258,7 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
         if "+" not in metadata.model_name:
             metadata.model_name = f"{metadata.model_name}+{plan.layout_fingerprint}"
     _guard_engine(engine, connector)
+    runtime.memoize_prefix_hashes(engine, int(config.chunk_size), "adapter worker")
     logger.info("lmcache-ascend adapter plan:\n%s", plan.describe())
     runtime.log_copy_threads(transfer)
 

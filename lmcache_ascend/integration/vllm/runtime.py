@@ -157,6 +157,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> tuple[Schedu
         setup, "scheduler", 0, 1, vllm_layout.kv_transfer_extra_config(vllm_config)
     )
     client = LookupClientFactory.create_lookup_client(setup.lmcache_config, metadata)
+    memoize_prefix_hashes(client, setup.chunk_size, "scheduler")
 
     lookup = lookup_through(client, setup.chunk_size)
 
@@ -220,6 +221,7 @@ def build_worker_half(
             _broadcast_object_noop,
         )
         engine.post_init()
+        memoize_prefix_hashes(engine, setup.chunk_size, "worker")
     server = LookupClientFactory.create_lookup_server(engine, metadata)
     half = WorkerHalf(
         setup.groups,
@@ -240,6 +242,33 @@ def build_worker_half(
         json.dumps(dataclasses.asdict(description), default=str, separators=(",", ":")),
     )
     return half, plan, server
+
+
+def memoize_prefix_hashes(owner: Any, chunk_size: int, where: str) -> Optional[Any]:
+    """Memoizes the chunk prefix hashes of ``owner.token_database`` (an
+    LMCache engine or lookup client); see v1/hash_memo.py."""
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    from lmcache_ascend.v1 import hash_memo
+
+    db = getattr(owner, "token_database", None)
+    if not isinstance(db, ChunkedTokenDatabase):
+        logger.info(
+            "lmcache-ascend %s: chunk prefix hashes are not memoized (%s uses %s)",
+            where,
+            type(owner).__name__,
+            type(db).__name__,
+        )
+        return None
+    memo = getattr(db, "lmcache_ascend_hash_memo", None)
+    if memo is None:  # a bypass lookup client shares the engine's database
+        memo = hash_memo.install(db, chunk_size)
+        logger.info(
+            "lmcache-ascend %s: chunk prefix hashes memoized (last %d chunks)",
+            where,
+            memo.capacity,
+        )
+    return memo
 
 
 def log_copy_threads(transfer: Any) -> Optional[int]:
