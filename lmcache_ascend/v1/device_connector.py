@@ -23,9 +23,17 @@ import torch
 from lmcache_ascend.v1.flatten import PlaneAddressing
 from lmcache_ascend.v1.groups import SKIP, ChunkRequest, Granularity
 from lmcache_ascend.v1.planner import KernelGroup, KernelOp, TransferPlan
-from lmcache_ascend.v1.slot_mapping import GroupAddress, chunk_pages, chunk_rows
+from lmcache_ascend.v1.slot_mapping import (
+    ChunkAddresses,
+    GroupAddress,
+    chunks_pages,
+    chunks_rows,
+)
 
 _TABLE_CACHE_LIMIT = 256
+# Whole chunks addressed per numpy pass: a load of n chunks costs
+# ceil(n / 64) passes instead of n.
+_WINDOW_CHUNKS = 64
 
 
 @dataclass(frozen=True)
@@ -134,6 +142,7 @@ class ChunkTransfer:
         self._keys = tuple(key_index)
         self._calls = tuple(_KernelCall.build(kg, key_index) for kg in plan.kernel_groups)
         self._tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        self._windows: dict[tuple[int, PlaneAddressing], tuple[tuple[int, ...], int, ChunkAddresses]] = {}
 
     @property
     def ops(self) -> Any:
@@ -157,14 +166,16 @@ class ChunkTransfer:
 
     # ---- addressing -------------------------------------------------------
 
-    def _table(self, req: ChunkRequest, group: int) -> Any:
+    def _raw_table(self, req: ChunkRequest, group: int) -> Any:
         try:
-            table = req.block_ids[group]
+            return req.block_ids[group]
         except IndexError:
             raise ValueError(
                 f"chunk request has block ids for {len(req.block_ids)} groups; the plan "
                 f"stores group {group}"
             ) from None
+
+    def _table(self, table: Any) -> Any:
         if not isinstance(table, tuple):
             return table  # a mutable list may change between calls: no caching
         hit = self._tables.get(id(table))
@@ -176,20 +187,43 @@ class ChunkTransfer:
         self._tables[id(table)] = (table, arr)  # keeps `table` alive: id stays unique
         return arr
 
-    def _address(self, key: PlaneAddressing, req: ChunkRequest) -> GroupAddress:
+    def _address_chunks(
+        self, key: PlaneAddressing, table: Any, starts: np.ndarray, ends: np.ndarray
+    ) -> ChunkAddresses:
         group = key.group_view(self._groups[key.sched_group])
-        table = self._table(req, key.sched_group)
         size = self.plan.chunk_size
         if key.granularity is Granularity.ROW:
-            return chunk_rows(group, table, req.start, req.end, size, rows_per_block=key.manager_rows)
-        addr = chunk_pages(group, table, req.start, req.end, size)
+            return chunks_rows(group, table, starts, ends, size, rows_per_block=key.manager_rows)
+        addr = chunks_pages(group, table, starts, ends, size)
         if key.kernel_split == 1:
             return addr
         # vLLM split each scheduler block into `kernel_split` kernel pages.
         s = key.kernel_split
-        ids = addr.ids[:, None] * s + np.arange(s, dtype=np.int64)[None, :]
-        ids = np.where(addr.ids[:, None] >= 0, ids, SKIP).reshape(-1)
-        return GroupAddress(ids=ids, missing=addr.missing * s)
+        ids = addr.ids[:, :, None] * s + np.arange(s, dtype=np.int64)[None, None, :]
+        ids = np.where(addr.ids[:, :, None] >= 0, ids, SKIP).reshape(len(starts), -1)
+        return ChunkAddresses(ids=ids, missing=addr.missing * s)
+
+    def _address(self, key: PlaneAddressing, req: ChunkRequest) -> GroupAddress:
+        raw = self._raw_table(req, key.sched_group)
+        table = self._table(raw)
+        size = self.plan.chunk_size
+        if not isinstance(raw, tuple) or req.end - req.start != size or req.start % size:
+            starts, ends = np.array([req.start]), np.array([req.end])
+            return self._address_chunks(key, table, starts, ends).at(0)
+        # Whole chunks of a fixed table: address a window of them in one numpy
+        # pass (a load asks for its chunks one by one, in order).
+        j = req.start // size
+        cached = self._windows.get((id(raw), key))
+        if cached is not None and cached[0] is raw and cached[1] <= j < cached[1] + len(cached[2].missing):
+            return cached[2].at(j - cached[1])
+        tokens = len(raw) * self._groups[key.sched_group].block_size
+        count = max(1, min(_WINDOW_CHUNKS, -(-tokens // size) - j))
+        starts = (j + np.arange(count, dtype=np.int64)) * size
+        window = self._address_chunks(key, table, starts, starts + size)
+        if len(self._windows) >= _TABLE_CACHE_LIMIT:
+            self._windows.clear()
+        self._windows[(id(raw), key)] = (raw, j, window)  # keeps `raw` alive
+        return window.at(0)
 
     def _addresses(self, req: ChunkRequest) -> list[GroupAddress]:
         return [self._address(key, req) for key in self._keys]

@@ -35,7 +35,7 @@ def _lookup_blocks(block_table: Sequence[int], block_idx: np.ndarray) -> np.ndar
     return out
 
 
-def window_start_token(group: SchedulerGroup, end: int) -> int:
+def window_start_token(group: SchedulerGroup, end):
     """First position kept for a hit ending at ``end`` in a sliding group.
 
     vLLM itself keeps positions ``>= end - sliding_window + 1``; we keep one
@@ -44,7 +44,7 @@ def window_start_token(group: SchedulerGroup, end: int) -> int:
     chunk whose extra position sits in a freed block is not stored.
     """
     assert group.sliding_window is not None
-    return max(0, end - group.sliding_window)
+    return np.maximum(0, end - group.sliding_window)  # int or per-chunk array
 
 
 def _check_range(group: SchedulerGroup, start: int, end: int, chunk_size: int) -> None:
@@ -58,6 +58,26 @@ def _check_range(group: SchedulerGroup, start: int, end: int, chunk_size: int) -
             f"group {group.index}: chunk start {start} is not a multiple of "
             f"chunk_size {chunk_size}"
         )
+
+
+@dataclass(frozen=True)
+class ChunkAddresses:
+    """Addressing of one group for several chunks: row ``k`` of ``ids`` and
+    ``missing[k]`` are chunk ``k``'s ``GroupAddress``."""
+
+    ids: np.ndarray  # int64 [chunks, physical positions]
+    missing: np.ndarray  # int64 [chunks]
+
+    def at(self, k: int) -> GroupAddress:
+        return GroupAddress(ids=self.ids[k], missing=int(self.missing[k]))
+
+
+def _ranges(
+    group: SchedulerGroup, starts: Sequence[int], ends: Sequence[int], chunk_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    for s, e in zip(starts, ends, strict=True):
+        _check_range(group, s, e, chunk_size)
+    return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
 
 
 def chunk_rows(
@@ -76,7 +96,19 @@ def chunk_rows(
     j % bpr`` where ``bpr`` is the plane's rows per block. Sliding groups
     keep only the rows of the window that ends at ``end``.
     """
-    _check_range(group, start, end, chunk_size)
+    return chunks_rows(group, block_table, [start], [end], chunk_size, rows_per_block).at(0)
+
+
+def chunks_rows(
+    group: SchedulerGroup,
+    block_table: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    chunk_size: int,
+    rows_per_block: int | None = None,
+) -> ChunkAddresses:
+    """``chunk_rows`` for many chunks at once (one numpy pass, not one per chunk)."""
+    start, end = _ranges(group, starts, ends, chunk_size)
     ratio = group.compress_ratio
     bpr = rows_per_block or group.rows_per_block
     n_phys = group.physical_rows(chunk_size)
@@ -87,20 +119,22 @@ def chunk_rows(
     # end (the chunk end, or `end` for a partial chunk).
     hi = chunk_end_row
     if group.kind is GroupKind.SLIDING:
-        hi = min(chunk_end_row, max(first_row + n_phys, end_row))
-    rows = np.arange(hi - n_phys, hi, dtype=np.int64)
-    valid = rows < end_row
-    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
-        valid &= rows >= window_start_token(group, end) // ratio
+        hi = np.minimum(chunk_end_row, np.maximum(first_row + n_phys, end_row))
+    rows = (hi - n_phys)[:, None] + np.arange(n_phys, dtype=np.int64)[None, :]
+    valid = rows < end_row[:, None]
+    windowed = group.kind is GroupKind.SLIDING and group.sliding_window is not None
+    if windowed:
+        window_row = window_start_token(group, end) // ratio
+        valid &= rows >= window_row[:, None]
     blocks = _lookup_blocks(block_table, rows // bpr)
     real = blocks != NULL_BLOCK_ID
     ids = np.where(valid & real, blocks * bpr + rows % bpr, SKIP)
-    lost = 0
-    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
+    missing = (valid & ~real).sum(axis=1)
+    if windowed:
         # A window ending mid-row of a partial chunk can need one row more
         # than the fixed geometry holds: count it so a store is refused.
-        lost = max(0, int(rows[0]) - max(first_row, window_start_token(group, end) // ratio))
-    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()) + lost)
+        missing += np.maximum(0, rows[:, 0] - np.maximum(first_row, window_row))
+    return ChunkAddresses(ids=ids.astype(np.int64, copy=False), missing=missing.astype(np.int64))
 
 
 def chunk_pages(
@@ -116,7 +150,18 @@ def chunk_pages(
     startup). Sliding groups keep the pages that intersect the window ending
     at ``end``. The result has ``group.physical_pages(chunk_size)`` entries.
     """
-    _check_range(group, start, end, chunk_size)
+    return chunks_pages(group, block_table, [start], [end], chunk_size).at(0)
+
+
+def chunks_pages(
+    group: SchedulerGroup,
+    block_table: Sequence[int],
+    starts: Sequence[int],
+    ends: Sequence[int],
+    chunk_size: int,
+) -> ChunkAddresses:
+    """``chunk_pages`` for many chunks at once (one numpy pass, not one per chunk)."""
+    start, end = _ranges(group, starts, ends, chunk_size)
     bs = group.block_size
     n_phys = group.physical_pages(chunk_size)
     first = start // bs
@@ -124,20 +169,22 @@ def chunk_pages(
     end_block = -(-end // bs)
     hi = chunk_end_block
     if group.kind is GroupKind.SLIDING:
-        hi = min(chunk_end_block, max(first + n_phys, end_block))
-    idx = np.arange(hi - n_phys, hi, dtype=np.int64)
-    valid = idx < end_block
-    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
-        valid &= (idx + 1) * bs > window_start_token(group, end)
+        hi = np.minimum(chunk_end_block, np.maximum(first + n_phys, end_block))
+    idx = (hi - n_phys)[:, None] + np.arange(n_phys, dtype=np.int64)[None, :]
+    valid = idx < end_block[:, None]
+    windowed = group.kind is GroupKind.SLIDING and group.sliding_window is not None
+    if windowed:
+        window_token = window_start_token(group, end)
+        valid &= (idx + 1) * bs > window_token[:, None]
     blocks = _lookup_blocks(block_table, idx)
     real = blocks != NULL_BLOCK_ID
     ids = np.where(valid & real, blocks, SKIP)
-    lost = 0
-    if group.kind is GroupKind.SLIDING and group.sliding_window is not None:
+    missing = (valid & ~real).sum(axis=1)
+    if windowed:
         # A window ending mid-block (partial chunk) can touch one block more
         # than the fixed geometry holds: count it so a store is refused.
-        lost = max(0, int(idx[0]) - max(first, window_start_token(group, end) // bs))
-    return GroupAddress(ids=ids.astype(np.int64), missing=int((valid & ~real).sum()) + lost)
+        missing += np.maximum(0, idx[:, 0] - np.maximum(first, window_token // bs))
+    return ChunkAddresses(ids=ids.astype(np.int64, copy=False), missing=missing.astype(np.int64))
 
 
 def primary_group(groups: Sequence[SchedulerGroup], block_tables: Sequence[Sequence[int]]) -> int:

@@ -95,6 +95,35 @@ def test_list_tables_are_not_cached(ops):
     assert xfer.incomplete_groups(req) == (0,)
 
 
+def test_windowed_addressing_equals_per_chunk_addressing(ops):
+    """Whole chunks of a tuple table are addressed 64 at a time and cached;
+    list tables (and partial chunks) are addressed one by one. Both must
+    agree for every chunk, sliding windows and split kernel pages included."""
+    _, plan, xfer = _setup(ops)
+    split_groups = (SchedulerGroup(0, FULL, "FullAttentionSpec", 16, layer_names=("p",)),)
+    split_plan = build_plan({"p": torch.zeros(40, 2, 8, 32)}, split_groups, 64, None,
+                            LayoutHints(opaque_pages=True))
+    assert split_plan.kernel_groups[0].addressing[0].kernel_split == 2
+    cases = [(xfer, 2), (ChunkTransfer(split_plan, ops), 1)]
+    gen = torch.Generator().manual_seed(3)
+    for transfer, ngroups in cases:
+        for n_blocks in (3, 8, 19):
+            tables = tuple(
+                tuple(int(b) * int(torch.rand(1, generator=gen) > 0.2)
+                      for b in torch.randint(1, 12, (n_blocks,), generator=gen))
+                for _ in range(ngroups)
+            )
+            lists = tuple(list(t) for t in tables)
+            for start in range(0, (n_blocks + 2) * 16, 64):
+                for end in (start + 64, start + 17):
+                    win = transfer.addresses(ChunkRequest(start, end, tables))
+                    one = transfer.addresses(ChunkRequest(start, end, lists))  # type: ignore[arg-type]
+                    assert win.keys() == one.keys()
+                    for k in win:
+                        assert win[k].ids.tolist() == one[k].ids.tolist(), (n_blocks, start, end)
+                        assert win[k].missing == one[k].missing, (n_blocks, start, end)
+
+
 def test_missing_native_module_message(monkeypatch):
     import importlib
 

@@ -24,7 +24,13 @@ import numpy as np
 import pytest
 
 from lmcache_ascend.v1.groups import NULL_BLOCK_ID, SKIP, GroupKind, SchedulerGroup
-from lmcache_ascend.v1.slot_mapping import chunk_pages, chunk_rows, primary_group
+from lmcache_ascend.v1.slot_mapping import (
+    chunk_pages,
+    chunk_rows,
+    chunks_pages,
+    chunks_rows,
+    primary_group,
+)
 
 FULL, SLIDING, STATE = GroupKind.FULL, GroupKind.SLIDING, GroupKind.STATE
 
@@ -291,6 +297,35 @@ def test_rows_random_sweep_against_reference():
             pend = rng.randrange(start + 1, end + 1)
             check_rows(g, table, start, pend, chunk)
             check_pages(g, table, start, pend, chunk)
+
+
+def test_many_chunks_in_one_pass_match_reference():
+    """chunks_rows / chunks_pages (what loads use) give every chunk of a
+    batch, whole and partial, sliding and compressed, its reference address."""
+    rng = random.Random(99)
+    for _ in range(150):
+        ratio = rng.choice([1, 2, 4])
+        block = ratio * rng.choice([1, 2, 8])
+        chunk = block * rng.choice([1, 2, 4])
+        kind = rng.choice([FULL, SLIDING])
+        window = rng.choice([ratio, 3 * ratio, chunk, 2 * chunk + ratio]) if kind is SLIDING else None
+        g = grp(kind, block_size=block, ratio=ratio, window=window)
+        n = rng.randrange(0, 12 * chunk // block)
+        table = [rng.choice([0, rng.randrange(1, 500)]) for _ in range(n)]
+        idx = sorted(rng.sample(range(10), rng.randrange(1, 6)))
+        starts = [i * chunk for i in idx]
+        ends = [s + (rng.randrange(1, chunk + 1) if kind is FULL else chunk) for s in starts]
+        rows = chunks_rows(g, table, starts, ends, chunk)
+        pages = chunks_pages(g, table, starts, ends, chunk)
+        assert rows.ids.shape == (len(starts), g.physical_rows(chunk))
+        assert pages.ids.shape == (len(starts), g.physical_pages(chunk))
+        for k, (s, e) in enumerate(zip(starts, ends)):
+            want_ids, want_missing = ref_rows(g, table, s, e, chunk)
+            assert rows.ids[k].tolist() == want_ids and rows.missing[k] == want_missing, (g, s, e)
+            want_ids, want_missing = ref_pages(g, table, s, e, chunk)
+            assert pages.ids[k].tolist() == want_ids and pages.missing[k] == want_missing, (g, s, e)
+    with pytest.raises(ValueError, match="chunk start 100"):
+        chunks_pages(grp(FULL, 16), [1, 2], [0, 100], [16, 116], 16)
 
 
 def _unaddressed_needed_rows(group, table, start, end, chunk):
