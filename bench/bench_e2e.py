@@ -39,9 +39,10 @@ also reported as a share of (a), which does not depend on run-to-run noise;
 on a shared machine the minimum of each cell's samples is printed as well.
 
 ``--profile`` instead runs the connector engine in one process and thread
-(VLLM_ENABLE_V1_MULTIPROCESSING=0, uniproc executor) under cProfile, with
-the profiler on only during the warm-from-LMCache phases, and prints the
-top functions.
+(VLLM_ENABLE_V1_MULTIPROCESSING=0, uniproc executor) under cProfile, one
+profile per warm phase kind (bench/e2e_profile.py), and prints the top
+functions of (c) and, per function, what (c) spends beyond (d*): the load
+path's cost without the forward's run-to-run noise.
 
 Startup: building a model takes a few seconds (once; cached), each engine
 process 35-70 s before its first request on a 2-core machine; a full run
@@ -80,6 +81,7 @@ from e2e_logs import (  # noqa: E402
     ttfts,
     written_bytes,
 )
+from e2e_profile import PhaseProfiler, print_profiles  # noqa: E402
 from e2e_report import Row, print_diagnostics, print_table, targets  # noqa: E402
 
 PHASE_MARK = "BENCH_E2E_PHASE"
@@ -161,8 +163,6 @@ def phases(lengths: list[int], reps: range, connector: bool, warm: int = 1, prof
                 tag = f"{n}/{r}/{k}"
                 if connector:
                     out.append(one(f"lmcache/{tag}", prompt(n, r), reset=True))
-                if profile:
-                    continue
                 out.append(one(f"vllm/{tag}", prompt(n, r)))
                 if connector:
                     out.append(one(f"boundary/{tag}", boundary_prompt(n, r)))
@@ -211,28 +211,16 @@ def engine_main(scenario_path: str, out_path: str) -> int:
     with open(scenario_path) as f:
         sc = engine_run.Scenario.from_json(json.load(f))
     prof_path = os.environ.get(PROFILE_ENV)
-    prof = None
-    if prof_path:
-        import cProfile
-
-        prof = cProfile.Profile()
-    state = {"on": False}
+    prof = PhaseProfiler(Path(prof_path)) if prof_path else None
 
     def progress(msg: str) -> None:
         if prof is not None:
-            if state["on"]:
-                prof.disable()
-                state["on"] = False
-            if msg.startswith("phase lmcache/"):
-                prof.enable()
-                state["on"] = True
+            prof.mark(msg)
         print(f"{PHASE_MARK} {time.time():.3f} {msg}", flush=True)
 
     results = engine_run.run(sc, progress=progress)
     if prof is not None:
-        if state["on"]:
-            prof.disable()
-        prof.dump_stats(prof_path)
+        prof.dump()
     print(f"{PHASE_MARK} {time.time():.3f} done", flush=True)
     with open(out_path, "w") as f:
         json.dump([asdict(r) for r in results], f)
@@ -372,16 +360,6 @@ def measure_model(name: str, spec, args, workdir: Path, log):
     return rows, plan, walls
 
 
-def print_profile(path: Path, top: int) -> None:
-    import pstats
-
-    st = pstats.Stats(str(path))
-    st.sort_stats("cumulative").print_stats(top)
-    st.sort_stats("tottime").print_stats(top)
-    # The connector's own path (LMCache and lmcache_ascend frames only).
-    st.sort_stats("cumulative").print_stats("lmcache", top)
-
-
 def profile_model(name: str, spec, args, workdir: Path, log) -> None:
     from lmcache_ascend.testing.tiny_models import build_tiny_model
 
@@ -397,8 +375,8 @@ def profile_model(name: str, spec, args, workdir: Path, log) -> None:
         pl = plog.get(key, PhaseLog())
         log(f"[{name}] {key}: ttft {v['ttft']:.3f} s, cached {v['cached']}, LMCache retrieve "
             f"{pl.retrieve_ms:.1f} ms, store {pl.store_ms:.1f} ms"
-            + (" (profiled)" if key.startswith("lmcache/") else ""))
-    print_profile(prof, args.profile_top)
+            + (" (profiled)" if not key.startswith(("fill/", "warmup", "tail")) else ""))
+    print_profiles(prof, args.profile_top, args.repeats * args.warm_repeats, log)
 
 
 def main(argv: list[str]) -> int:
