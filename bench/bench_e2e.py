@@ -82,7 +82,7 @@ from e2e_logs import (  # noqa: E402
     written_bytes,
 )
 from e2e_profile import PhaseProfiler, print_profiles  # noqa: E402
-from e2e_report import Row, print_diagnostics, print_table, targets  # noqa: E402
+from e2e_report import Row, print_report  # noqa: E402
 
 PHASE_MARK = "BENCH_E2E_PHASE"
 RESERVED_CPUS = 0  # --reserved-cpus
@@ -404,6 +404,8 @@ def main(argv: list[str]) -> int:
                          "folder in lmcache-ascend's model cache)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep scenarios and engine logs here")
     ap.add_argument("--json", type=Path, default=None, help="write figures as JSON")
+    ap.add_argument("--report", type=Path, default=None,
+                    help="print the tables of a --json file again (no engines run)")
     ap.add_argument("--profile", action="store_true",
                     help="cProfile the warm-from-LMCache phases (in-process engine) instead")
     ap.add_argument("--profile-top", type=int, default=40)
@@ -438,6 +440,11 @@ def main(argv: list[str]) -> int:
     def log(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
 
+    if args.report is not None:
+        saved = json.loads(args.report.read_text())
+        print(f"machine: {saved['machine']}\ncode: {saved['code']}")
+        print_report([Row.from_json(r) for r in saved["rows"]])
+        return 0
     code = git_rev()  # before the run: others may commit while it goes
     log(f"machine: {machine()}; code: {code}")
     if args.profile:
@@ -473,19 +480,7 @@ def main(argv: list[str]) -> int:
     print(f"lengths {args.lengths}; medians of {cold} cold and {cold * args.warm_repeats} warm "
           f"requests per cell ({args.rounds} round(s)); max_tokens=1; LMCache chunk {CHUNK}; "
           f"VLLM_CPU_NUM_OF_RESERVED_CPU={RESERVED_CPUS}; total {time.time() - t_start:.0f} s")
-    print("TTFT in seconds (vLLM first_token_latency), medians:\n")
-    print_table(all_rows)
-    print("\nthe same with the minimum of each cell's samples:\n")
-    print_table(all_rows, "min")
-    print("\nconnector costs (medians; (e) and (d*) are measured seconds apart from (c) in "
-          "the same engine, and (c)-(e), (c)-(d*) are medians of those paired differences):\n")
-    print_diagnostics(all_rows)
-    print("\ntargets (medians):")
-    for line in targets(all_rows):
-        print(line)
-    print("targets (minimums):")
-    for line in targets([r.best() for r in all_rows]):
-        print(line)
+    print_report(all_rows)
     if args.json:
         args.json.write_text(
             json.dumps(
