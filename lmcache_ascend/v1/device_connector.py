@@ -205,11 +205,10 @@ class ChunkTransfer:
 
     def _address(self, key: PlaneAddressing, req: ChunkRequest) -> GroupAddress:
         raw = self._raw_table(req, key.sched_group)
-        table = self._table(raw)
         size = self.plan.chunk_size
         if not isinstance(raw, tuple) or req.end - req.start != size or req.start % size:
             starts, ends = np.array([req.start]), np.array([req.end])
-            return self._address_chunks(key, table, starts, ends).at(0)
+            return self._address_chunks(key, self._table(raw), starts, ends).at(0)
         # Whole chunks of a fixed table: address a window of them in one numpy
         # pass (a load asks for its chunks one by one, in order).
         j = req.start // size
@@ -219,7 +218,7 @@ class ChunkTransfer:
         tokens = len(raw) * self._groups[key.sched_group].block_size
         count = max(1, min(_WINDOW_CHUNKS, -(-tokens // size) - j))
         starts = (j + np.arange(count, dtype=np.int64)) * size
-        window = self._address_chunks(key, table, starts, starts + size)
+        window = self._address_chunks(key, self._table(raw), starts, starts + size)
         if len(self._windows) >= _TABLE_CACHE_LIMIT:
             self._windows.clear()
         self._windows[(id(raw), key)] = (raw, j, window)  # keeps `raw` alive

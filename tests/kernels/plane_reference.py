@@ -100,3 +100,35 @@ def native_args(planes: list[Plane], slot_lists: list[np.ndarray], ptrs: list[li
 
 def layout_bytes(planes: list[Plane], slot_lists: list[np.ndarray], num_layers: int) -> int:
     return num_layers * sum(len(s) * p.row_bytes for p, s in zip(planes, slot_lists))
+
+
+def check_multi_plane(native, planes, slot_lists, num_layers, to_chunk, rng, extra_chunk=0):
+    """Runs multi_plane_kv_transfer on random pools and chunk and compares
+    whole pools and the whole chunk with ``multi_plane`` on copies."""
+    pools = [[torch.from_numpy(rng.integers(0, 256, p.num_blocks * p.stride, dtype=np.uint8))
+              for p in planes] for _ in range(num_layers)]
+    need = layout_bytes(planes, slot_lists, num_layers)
+    chunk = torch.from_numpy(rng.integers(0, 256, need + extra_chunk, dtype=np.uint8))
+    exp_pools = [[p.numpy().copy() for p in layer] for layer in pools]
+    exp_chunk = chunk.numpy().copy()
+    ptrs = [[p.data_ptr() for p in layer] for layer in pools]
+    native.multi_plane_kv_transfer(chunk, **native_args(planes, slot_lists, ptrs),
+                                   to_chunk=to_chunk, num_layers=num_layers)
+    multi_plane(exp_chunk, exp_pools, planes, slot_lists, to_chunk)
+    np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
+    for layer, exp_layer in zip(pools, exp_pools):
+        for p, e in zip(layer, exp_layer):
+            np.testing.assert_array_equal(p.numpy(), e)
+    return chunk, pools
+
+
+def check_block_pages(native, pools, chunk, page, stride, num_blocks, ids, to_chunk):
+    """Runs block_page_transfer and compares whole pools and the whole chunk
+    with ``block_pages`` on copies."""
+    exp_pools, exp_chunk = [p.numpy().copy() for p in pools], chunk.numpy().copy()
+    native.block_page_transfer(chunk, torch.tensor([p.data_ptr() for p in pools]),
+                               page, stride, num_blocks, torch.from_numpy(ids), to_chunk)
+    block_pages(exp_chunk, exp_pools, page, stride, ids, to_chunk)
+    np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
+    for p, e in zip(pools, exp_pools):
+        np.testing.assert_array_equal(p.numpy(), e)

@@ -57,21 +57,7 @@ def test_split_row_job_matches_reference(native, restore_threads, threads, to_ch
     # ~3 MiB over 24 layers: many 256 KiB tasks, shuffled and skipped slots.
     planes = [Plane(64, 584, 8, 64 * 584 + 96), Plane(16, 132, 32, 16 * 132)]
     slots = [ref.plane_slots(p, n, rng) for p, n in zip(planes, [200, 300])]
-    layers = 24
-    pools = [[torch.from_numpy(rng.integers(0, 256, p.num_blocks * p.stride, dtype=np.uint8))
-              for p in planes] for _ in range(layers)]
-    chunk = torch.from_numpy(
-        rng.integers(0, 256, ref.layout_bytes(planes, slots, layers), dtype=np.uint8))
-    exp_pools = [[p.numpy().copy() for p in layer] for layer in pools]
-    exp_chunk = chunk.numpy().copy()
-    ptrs = [[p.data_ptr() for p in layer] for layer in pools]
-    native.multi_plane_kv_transfer(chunk, **ref.native_args(planes, slots, ptrs),
-                                   to_chunk=to_chunk, num_layers=layers)
-    ref.multi_plane(exp_chunk, exp_pools, planes, slots, to_chunk)
-    np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
-    for layer, exp_layer in zip(pools, exp_pools):
-        for p, e in zip(layer, exp_layer):
-            np.testing.assert_array_equal(p.numpy(), e)
+    ref.check_multi_plane(native, planes, slots, 24, to_chunk, rng)
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -86,13 +72,7 @@ def test_split_block_pages_match_reference(native, restore_threads, threads, to_
     pools = [torch.from_numpy(rng.integers(0, 256, nb * stride, dtype=np.uint8))
              for _ in range(layers)]
     chunk = torch.from_numpy(rng.integers(0, 256, layers * len(ids) * page, dtype=np.uint8))
-    exp_pools, exp_chunk = [p.numpy().copy() for p in pools], chunk.numpy().copy()
-    native.block_page_transfer(chunk, torch.tensor([p.data_ptr() for p in pools]),
-                               page, stride, nb, torch.from_numpy(ids), to_chunk)
-    ref.block_pages(exp_chunk, exp_pools, page, stride, ids, to_chunk)
-    np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
-    for p, e in zip(pools, exp_pools):
-        np.testing.assert_array_equal(p.numpy(), e)
+    ref.check_block_pages(native, pools, chunk, page, stride, nb, ids, to_chunk)
 
 
 @pytest.mark.parametrize("threads", [1, 2])

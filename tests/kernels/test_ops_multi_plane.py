@@ -24,30 +24,12 @@ DSV4_PLANES = [
 ]
 
 
-def _run_case(native, planes, slot_lists, num_layers, to_chunk, rng, extra_chunk=0):
-    pools = [[torch.from_numpy(rng.integers(0, 256, p.num_blocks * p.stride, dtype=np.uint8))
-              for p in planes] for _ in range(num_layers)]
-    need = ref.layout_bytes(planes, slot_lists, num_layers)
-    chunk = torch.from_numpy(rng.integers(0, 256, need + extra_chunk, dtype=np.uint8))
-    exp_pools = [[p.numpy().copy() for p in layer] for layer in pools]
-    exp_chunk = chunk.numpy().copy()
-    ptrs = [[p.data_ptr() for p in layer] for layer in pools]
-    native.multi_plane_kv_transfer(chunk, **ref.native_args(planes, slot_lists, ptrs),
-                                   to_chunk=to_chunk, num_layers=num_layers)
-    ref.multi_plane(exp_chunk, exp_pools, planes, slot_lists, to_chunk)
-    np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
-    for layer, exp_layer in zip(pools, exp_pools):
-        for p, e in zip(layer, exp_layer):
-            np.testing.assert_array_equal(p.numpy(), e)
-    return chunk, pools
-
-
 @pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
 def test_dsv4_like_many_layers(native, to_chunk):
     rng = np.random.default_rng(7)
     counts = [64, 64, 0, 3]  # indexer/attn rows, an empty plane, a tiny SW tail
     slots = [ref.plane_slots(p, n, rng) for p, n in zip(DSV4_PLANES, counts)]
-    _run_case(native, DSV4_PLANES, slots, num_layers=61, to_chunk=to_chunk, rng=rng)
+    ref.check_multi_plane(native, DSV4_PLANES, slots, num_layers=61, to_chunk=to_chunk, rng=rng)
 
 
 @pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
@@ -65,7 +47,7 @@ def test_random_geometries(native, to_chunk):
         slots = [ref.plane_slots(p, int(rng.integers(0, p.num_blocks * p.block_size // 2 + 1)),
                                  rng, neg_frac=float(rng.choice([0.0, 0.2, 1.0])))
                  for p in planes]
-        _run_case(native, planes, slots, int(rng.integers(1, 5)), to_chunk, rng,
+        ref.check_multi_plane(native, planes, slots, int(rng.integers(1, 5)), to_chunk, rng,
                   extra_chunk=int(rng.integers(0, 3)) * 17)
 
 
@@ -95,7 +77,7 @@ def test_shared_blob_planes(native):
 def test_round_trip_restores_selected_rows(native):
     rng = np.random.default_rng(5)
     slots = [ref.plane_slots(p, n, rng, neg_frac=0.0) for p, n in zip(DSV4_PLANES, [50, 50, 9, 7])]
-    chunk, pools = _run_case(native, DSV4_PLANES, slots, 3, True, rng)
+    chunk, pools = ref.check_multi_plane(native, DSV4_PLANES, slots, 3, True, rng)
     saved = [[p.clone() for p in layer] for layer in pools]
     for layer in pools:
         for p in layer:
@@ -126,13 +108,7 @@ def test_block_pages(native, to_chunk, tight):
         pools = [torch.from_numpy(rng.integers(0, 256, nb * stride, dtype=np.uint8))
                  for _ in range(layers)]
         chunk = torch.from_numpy(rng.integers(0, 256, layers * n * page, dtype=np.uint8))
-        exp_pools, exp_chunk = [p.numpy().copy() for p in pools], chunk.numpy().copy()
-        native.block_page_transfer(chunk, torch.tensor([p.data_ptr() for p in pools]),
-                                   page, stride, nb, torch.from_numpy(ids), to_chunk)
-        ref.block_pages(exp_chunk, exp_pools, page, stride, ids, to_chunk)
-        np.testing.assert_array_equal(chunk.numpy(), exp_chunk)
-        for p, e in zip(pools, exp_pools):
-            np.testing.assert_array_equal(p.numpy(), e)
+        ref.check_block_pages(native, pools, chunk, page, stride, nb, ids, to_chunk)
 
 
 def test_block_pages_vllm_cpu_layout(native):
