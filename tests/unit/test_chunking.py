@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import pytest
+import dataclasses
 
-from lmcache_ascend.v1.chunking import chunk_size_configured, finest_chunk_size
+import pytest
+import torch
+
+from lmcache_ascend.v1.chunking import chunk_size_configured, default_chunk_size, finest_chunk_size
 from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.v1.kv_format import LayoutHints
+from lmcache_ascend.v1.planner import build_plan
 
 FULL, SLIDING, STATE = GroupKind.FULL, GroupKind.SLIDING, GroupKind.STATE
 
@@ -54,3 +59,35 @@ def test_explicit_chunk_size_is_detected_wherever_lmcache_reads_it(tmp_path):
     assert chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(yaml_with)})
     assert not chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(yaml_without)})
     assert not chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(tmp_path / "missing.yaml")})
+
+
+def _cpu_pages(block_size: int) -> dict[str, torch.Tensor]:
+    # vLLM-CPU attention layer: [blocks, heads, block_size, 2 * head_size], moved
+    # as opaque pages (vllm/v1/attention/backends/cpu_attn.py, get_kv_cache_shape).
+    return {"model.layers.1.attn": torch.zeros(4, 1, block_size, 8)}
+
+
+# Attention block sizes vLLM-CPU can pick for Mamba hybrids: it raises the
+# attention block until a page holds a Mamba state page, in steps of its
+# kernel block (vllm/platforms/cpu.py, vllm/model_executor/models/config.py,
+# HybridAttentionMambaModelConfig); seen 384 and 640 on two machines.
+@pytest.mark.parametrize("block_size", list(range(16, 2049, 16)) + [1056, 4096])
+def test_default_chunk_size_is_valid_for_every_block_size_vllm_may_pick(block_size):
+    layout = groups((STATE, block_size, 1), (FULL, block_size, 1))
+    layout = (layout[0], dataclasses.replace(layout[1], layer_names=("model.layers.1.attn",)))
+    size, replaced = default_chunk_size(layout, configured=False, current=256)
+    assert size >= 128
+    assert replaced == (size != 256)
+    # The planner's own check accepts it (it raises for a chunk that cuts a page).
+    plan = build_plan(_cpu_pages(block_size), layout, size, hints=LayoutHints(opaque_pages=True))
+    assert plan.chunk_size == size
+    assert size % block_size == 0
+
+
+def test_configured_chunk_size_is_kept_and_refused_when_invalid():
+    layout = groups((STATE, 384, 1), (FULL, 384, 1))
+    layout = (layout[0], dataclasses.replace(layout[1], layer_names=("model.layers.1.attn",)))
+    size, replaced = default_chunk_size(layout, configured=True, current=256)
+    assert (size, replaced) == (256, False)
+    with pytest.raises(ValueError, match=r"chunk_size 256 is invalid for group 1 .*block_size 384"):
+        build_plan(_cpu_pages(384), layout, size, hints=LayoutHints(opaque_pages=True))

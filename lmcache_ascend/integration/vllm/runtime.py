@@ -81,22 +81,21 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
 def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: Mapping[str, Any]) -> None:
     """Unless the user chose one, chunk as finely as vLLM's blocks (see
     ``v1/chunking.py``). Both halves decide alike from the same inputs."""
-    from lmcache_ascend.v1.chunking import chunk_size_configured, finest_chunk_size
+    from lmcache_ascend.v1.chunking import chunk_size_configured, default_chunk_size
 
-    if chunk_size_configured(extra, os.environ):
-        return
-    finest = finest_chunk_size(groups)
     current = int(config.chunk_size)
-    if finest is None or finest >= current:
+    size, replaced = default_chunk_size(groups, chunk_size_configured(extra, os.environ), current)
+    if not replaced:
         return
     logger.info(
         "lmcache-ascend: chunk_size not set; using %d tokens (vLLM's block granularity) "
-        "instead of LMCache's default %d, so a hit leaves no more tokens to compute "
-        "than vLLM's own prefix cache does. Set chunk_size to choose another.",
-        finest,
+        "instead of LMCache's default %d: a chunk must be a whole number of every "
+        "group's blocks, and a hit then leaves no more tokens to compute than vLLM's "
+        "own prefix cache does. Set chunk_size to choose another.",
+        size,
         current,
     )
-    config.chunk_size = finest
+    config.chunk_size = size
 
 
 def _metadata(setup: ConnectorSetup, role: str, chunk_bytes: int, num_layers: int, extra: Mapping[str, Any]):
