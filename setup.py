@@ -29,7 +29,15 @@ class CMakeBuild(build_ext):
         if not isinstance(ext, CMakeExtension):
             super().build_extension(ext)
             return
-        import torch.utils  # build requirement; its CMake package is used
+        try:
+            import torch  # the extension is compiled against the torch it runs with
+        except ImportError:
+            raise SystemExit(
+                "lmcache-ascend: building the native ops needs the torch they will run "
+                "with, and this build environment has none. Install torch (the one your "
+                "vLLM / vLLM-Ascend uses) first, then build without isolation: "
+                "pip install --no-build-isolation ."
+            ) from None
 
         out = Path(self.get_ext_fullpath(ext.name)).resolve()
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -41,7 +49,9 @@ class CMakeBuild(build_ext):
             package, _, _ = ext.name.rpartition(".")
             package_dir = self.get_finalized_command("build_py").get_package_dir(package)
             target = (Path(package_dir) / out.name).resolve()
-        tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}"
+        # One build tree per interpreter and torch: a clone may build for
+        # several stacks (torch versions) side by side.
+        tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}-torch{torch.__version__}"
         build_dir = ROOT / "build" / f"cmake-{tag}"
         build_dir.mkdir(parents=True, exist_ok=True)
         build_type = os.environ.get("LMCA_BUILD_TYPE", "Release")
@@ -54,7 +64,6 @@ class CMakeBuild(build_ext):
             str(build_dir),
             f"-DCMAKE_BUILD_TYPE={build_type}",
             f"-DPython3_EXECUTABLE={sys.executable}",
-            f"-DLMCA_TORCH_CMAKE_PREFIX={torch.utils.cmake_prefix_path}",
             f"-DLMCA_OUTPUT_DIR={target.parent}",
             f"-DLMCA_OUTPUT_NAME={target.name}",
         ]
@@ -67,8 +76,14 @@ class CMakeBuild(build_ext):
             [cmake, "--build", str(build_dir), "--config", build_type, "-j", jobs],
             check=True,
         )
+        # lmcache_ascend._native refuses to load the modules into another torch.
+        (target.parent / "_build_info.py").write_text(
+            "# Written by setup.py when the native modules were built; do not edit.\n"
+            f"TORCH_VERSION = {torch.__version__!r}\n"
+        )
         if target != out:
             shutil.copy2(target, out)
+            shutil.copy2(target.parent / "_build_info.py", out.parent / "_build_info.py")
 
 
 def _tool(name: str) -> str:
@@ -80,6 +95,6 @@ def _tool(name: str) -> str:
 
 
 setup(
-    ext_modules=[CMakeExtension("lmcache_ascend.ops")],
+    ext_modules=[CMakeExtension("lmcache_ascend._ops")],
     cmdclass={"build_ext": CMakeBuild},
 )

@@ -104,12 +104,14 @@ to_chunk=True: pages -> chunk (store); False: chunk -> pages (load).
 
 }  // namespace
 
-PYBIND11_MODULE(ops, m) {
+PYBIND11_MODULE(_ops, m) {
   using namespace lmca::ops;
   // torch's Python types back the at::Tensor casters: make sure they exist
   // even when this module is imported before torch.
   py::module_::import("torch");
   m.doc() = kModuleDoc;
+  // Checked by lmcache_ascend.ops against the torch it is loaded into.
+  m.attr("_torch_version") = LMCA_TORCH_VERSION;
 
   m.def("multi_layer_kv_transfer", &multi_layer_kv_transfer, kMultiLayerDoc,
         py::arg("key_value"), py::arg("key_value_ptrs"),

@@ -22,7 +22,7 @@ Python3_add_library(_ascend_sim MODULE WITH_SOABI ${LMCA_SIM_SOURCES})
 target_include_directories(_ascend_sim BEFORE PRIVATE csrc/ascend/sim)
 target_include_directories(_ascend_sim PRIVATE csrc csrc/include csrc/ascend
                                                csrc/ascend/kernels)
-target_link_libraries(_ascend_sim PRIVATE ${TORCH_LIBRARIES} ${LMCA_TORCH_PYTHON_LIBRARY})
+target_link_libraries(_ascend_sim PRIVATE lmca_torch)
 target_compile_options(_ascend_sim PRIVATE -fvisibility=hidden -Wall -Wno-unused-parameter)
 if(LMCA_OUTPUT_DIR)
   # Next to the ops module (the source package in editable builds).

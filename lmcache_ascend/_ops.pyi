@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Type stub of the compiled module lmcache_ascend.ops (see docs/kernels.md).
+"""Type stub of the compiled module lmcache_ascend._ops (re-exported as lmcache_ascend.ops) (see docs/kernels.md).
 
 direction: lmcache.lmcache_native.TransferDirection or int (H2D=0: LMCache
 -> paged, D2H=1: paged -> LMCache).  engine_kv_format:
