@@ -71,7 +71,28 @@ TARGETS = {
 }
 
 
+_refused = False
+
+
 def _apply(name: str, module) -> None:
+    # Each patch was verified on specific LMCache releases only; on any other
+    # release LMCache is left exactly as it is (our connector then refuses
+    # to start, naming the supported versions).
+    from lmcache_ascend.compat import installed_lmcache_version, lmcache_supported, supported_text
+
+    global _refused
+    if not lmcache_supported():
+        if not _refused:
+            _refused = True
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "lmcache-ascend: LMCache %s is not a release its patches were verified on "
+                "(%s); LMCache is left unpatched",
+                installed_lmcache_version(),
+                supported_text(),
+            )
+        return
     TARGETS[name](module)
 
 

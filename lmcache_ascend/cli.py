@@ -67,7 +67,7 @@ def _run_scenario(scenario: Scenario, label: str, workdir: Path) -> tuple[list[P
         raise SystemExit(f"{label} engine failed (rc={proc.returncode}); log {log}:\n{tail}")
     raw = json.loads(out.read_text())
     results = [
-        PhaseResult(r["name"], [Completion(**c) for c in r["completions"]], r["seconds"])
+        PhaseResult.from_json(r)
         for r in raw
     ]
     return results, text

@@ -58,7 +58,6 @@ class Completion:
     num_cached_tokens: int
     seconds: float  # wall time of a sequential generate call (NaN in batches)
     ttft: float  # vLLM's first-token latency for this request
-    num_preemptions: int = 0
 
 
 @dataclass
@@ -66,6 +65,21 @@ class PhaseResult:
     name: str
     completions: list[Completion]
     seconds: float
+    # Preemptions while the phase ran (vLLM's vllm:num_preemptions counter,
+    # which every supported vLLM has; per-request counts exist only in 0.32).
+    preemptions: int = 0
+
+    @staticmethod
+    def from_json(data: dict[str, Any]) -> "PhaseResult":
+        comps = [Completion(**c) for c in data["completions"]]
+        return PhaseResult(data["name"], comps, data["seconds"], data.get("preemptions", 0))
+
+
+def _preemptions(llm: Any) -> int:
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:num_preemptions":
+            return int(getattr(metric, "value", 0) or 0)
+    return 0
 
 
 def kv_transfer_config(s: Scenario) -> Optional[dict[str, Any]]:
@@ -123,6 +137,7 @@ def run(s: Scenario, progress=None) -> list[PhaseResult]:
                     raise RuntimeError("vLLM refused to reset its prefix cache")
             sp = SamplingParams(temperature=0.0, max_tokens=phase.max_tokens, logprobs=s.logprobs)
             prompts = [TokensPrompt(prompt_token_ids=p) for p in phase.prompts]
+            preempted_before = _preemptions(llm)
             t0 = time.perf_counter()
             outs = []
             if phase.sequential:
@@ -139,13 +154,8 @@ def run(s: Scenario, progress=None) -> list[PhaseResult]:
                 c = o.outputs[0]
                 lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs or [])]
                 ttft = float(getattr(o.metrics, "first_token_latency", float("nan")) or float("nan"))
-                preempted = int(getattr(o.metrics, "num_preemptions", 0) or 0)
-                comps.append(
-                    Completion(
-                        list(c.token_ids), lps, int(o.num_cached_tokens or 0), secs, ttft, preempted
-                    )
-                )
-            results.append(PhaseResult(phase.name, comps, dt))
+                comps.append(Completion(list(c.token_ids), lps, int(o.num_cached_tokens or 0), secs, ttft))
+            results.append(PhaseResult(phase.name, comps, dt, _preemptions(llm) - preempted_before))
     finally:
         del llm
     return results

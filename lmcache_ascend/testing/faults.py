@@ -304,7 +304,7 @@ def run_engine_process(
     if out.exists() and (proc.returncode == 0 or hung):
         raw = json.loads(out.read_text())
         results = [
-            PhaseResult(r["name"], [Completion(**c) for c in r["completions"]], r["seconds"])
+            PhaseResult.from_json(r)
             for r in raw
         ]
     return EngineProcess(

@@ -10,17 +10,19 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.testing.engine_run import PhaseResult, Scenario, Completion
+from lmcache_ascend.testing.engine_run import PhaseResult, Scenario
 from lmcache_ascend.testing.tiny_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CACHE = ROOT / "tests" / ".models"
 ENGINE_TIMEOUT_S = 600
+EXIT_GRACE_S = 60
 
 
 @pytest.fixture(scope="session")
@@ -33,16 +35,16 @@ def tiny_model():
     return get
 
 
-def _results(raw) -> list[PhaseResult]:
-    return [
-        PhaseResult(r["name"], [Completion(**c) for c in r["completions"]], r["seconds"])
-        for r in raw
-    ]
-
-
 @pytest.fixture
 def run_engine(tmp_path):
-    """Run a Scenario in a fresh process; returns (phase results, log text)."""
+    """Run a Scenario in a fresh process; returns (phase results, log text).
+
+    PYTHONHASHSEED is removed from the engine's environment unless the test
+    sets it: chunk keys must agree across vLLM's processes without it (vLLM <
+    0.32 seeds its block hashes randomly then). The process must also exit
+    by itself within ``EXIT_GRACE_S`` of writing its results: vLLM < 0.32
+    never shuts an in-process engine's connector down, and LMCache's storage
+    thread would keep the process alive."""
 
     counter = {"n": 0}
 
@@ -53,26 +55,44 @@ def run_engine(tmp_path):
         log = tmp_path / f"engine{counter['n']}.log"
         sc.write_text(json.dumps(asdict(scenario)))
         env = dict(os.environ)
+        env.pop("PYTHONHASHSEED", None)
         env.update(extra_env or {})
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(scenario.kv_cache_gib))
         env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
         # Lower-case logger names of ours go through vLLM's logging config.
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         with open(log, "w") as lf:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "lmcache_ascend.testing.engine_run", str(sc), str(out)],
                 stdout=lf,
                 stderr=subprocess.STDOUT,
-                timeout=ENGINE_TIMEOUT_S,
                 cwd=str(tmp_path),
                 env=env,
             )
+            hung = wait_for_exit(proc, out, ENGINE_TIMEOUT_S, EXIT_GRACE_S)
         text = log.read_text(errors="replace")
-        if proc.returncode != 0:
-            raise AssertionError(
-                f"engine run failed (rc={proc.returncode}); last log lines:\n"
-                + "\n".join(text.splitlines()[-60:])
-            )
-        return _results(json.loads(out.read_text())), text
+        tail = "\n".join(text.splitlines()[-60:])
+        assert hung is None, f"engine run {hung}; last log lines:\n{tail}"
+        assert proc.returncode == 0, f"engine run failed (rc={proc.returncode}); last log lines:\n{tail}"
+        return [PhaseResult.from_json(r) for r in json.loads(out.read_text())], text
 
     return run
+
+
+def wait_for_exit(proc: subprocess.Popen, out: Path, timeout_s: float, grace_s: float) -> str | None:
+    """Waits for ``proc``; kills it and says why if it runs past ``timeout_s``
+    or lives more than ``grace_s`` after ``out`` appeared. None when it exited."""
+    start = time.monotonic()
+    done_at = None
+    while proc.poll() is None:
+        now = time.monotonic()
+        if done_at is None and out.exists():
+            done_at = now
+        if now - start > timeout_s or (done_at is not None and now - done_at > grace_s):
+            proc.kill()
+            proc.wait()
+            if done_at is None:
+                return f"did not finish within {timeout_s:.0f} s"
+            return f"finished its workload but did not exit within {grace_s:.0f} s"
+        time.sleep(0.5)
+    return None

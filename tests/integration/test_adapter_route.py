@@ -33,7 +33,7 @@ def _phases(prompt: list[int], other: list[int]) -> list[Phase]:
 @pytest.mark.parametrize(
     "model_name, env",
     [
-        ("llama", {}),
+        pytest.param("llama", {}, marks=pytest.mark.compat),
         # Gemma-3 has six KV cache groups under vLLM's hybrid manager; this
         # connector is not SupportsHMA, so vLLM turns the manager off and
         # hands over one group. Engine core in-process this time.

@@ -88,6 +88,9 @@ def cases(closed_port: int, tmp: Path) -> list[Case]:
              expect=["use_layerwise"]),
         Case("async_loading_unsupported", extra={"lmcache.enable_async_loading": True},
              expect=["enable_async_loading", "false"]),
+        # -- versions: vLLM-Ascend names a source-built vLLM's release this way
+        Case("vllm_version_unsupported", env={"VLLM_VERSION": "0.30.0"},
+             expect=["vllm 0.30.0", "0.23.x", "0.26.x", "0.32.x"]),
         # -- lmcache-ascend keys --------------------------------------------
         Case("ascend_bool_env", env={"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "perhaps"},
              expect=["ascend_skip_state_groups", "perhaps", "true/false"]),
@@ -210,6 +213,7 @@ def _case_names() -> list[str]:
 
 
 @pytest.mark.engine
+@pytest.mark.compat
 @pytest.mark.parametrize("name", _case_names())
 def test_bad_config_is_refused_clearly(probe, name):
     case, res = probe["cases"][name], probe["results"][name]

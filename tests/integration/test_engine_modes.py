@@ -13,6 +13,7 @@ from .test_engine_hits import CHUNK, assert_same
 pytestmark = pytest.mark.engine
 
 
+@pytest.mark.compat  # in-process engines must exit on every supported vLLM
 def test_plugin_route_in_process_engine_local_disk(run_engine, tiny_model, tmp_path):
     """Connector resolved by name through the vllm.general_plugins entry point
     (no kv_connector_module_path), engine core in-process, chunks written to
@@ -64,4 +65,4 @@ def test_preemption_under_small_kv_space(run_engine, tiny_model):
         assert_same(g, r, g.name)
     # The shared prefix stored by the warmup request is hit in the batch.
     assert got[1].completions[0].num_cached_tokens >= CHUNK
-    assert sum(c.num_preemptions for c in got[1].completions) > 0, "no preemption happened"
+    assert got[1].preemptions > 0, "no preemption happened"

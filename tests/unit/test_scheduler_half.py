@@ -240,6 +240,7 @@ class Engine:
             finished_req_ids=set(self.finished),
             free_encoder_mm_hashes=[],
             preempted_req_ids=set(self.preempted),
+            num_common_prefix_blocks=[],  # required before vLLM 0.32
         )
         self.finished.clear()
         self.preempted.clear()

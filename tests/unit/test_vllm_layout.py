@@ -12,9 +12,9 @@ pytest.importorskip("vllm", reason="vllm_layout reads vLLM's own types")
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+import vllm.v1.kv_cache_interface as kv_interface
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
-    CircularBufferSpec,
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
@@ -31,7 +31,15 @@ from lmcache_ascend.integration.vllm.vllm_layout import (
     scheduler_groups,
     step_view,
 )
+from lmcache_ascend.compat import vllm_features
 from lmcache_ascend.v1.groups import GroupKind
+
+# tokens_per_state and CircularBufferSpec exist from vLLM 0.32 on; the older
+# series express compression as the MLA specs' compress_ratio (tested above).
+only_vllm_032 = pytest.mark.skipif(
+    not vllm_features().spec_reuse_attributes,
+    reason="vLLM 0.32 spec attributes (tokens_per_state, CircularBufferSpec)",
+)
 
 ATTN = dict(num_kv_heads=2, head_size=32, dtype=torch.bfloat16)
 MLA = dict(num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
@@ -137,6 +145,7 @@ def test_ascend_compress_ratio_subclass():
     assert gs[3].physical_rows(256) == 1  # SW 128 // CR 128
 
 
+@only_vllm_032
 def test_vllm_native_tokens_per_state_is_the_compress_ratio():
     """vLLM 0.32's own DSv4 specs (models/deepseek_v4/attention.py) carry the
     compression as ``AttentionSpec.tokens_per_state`` (block_size stays in
@@ -152,11 +161,12 @@ def test_vllm_native_tokens_per_state_is_the_compress_ratio():
     assert [g.rows_per_block for g in gs] == [s.num_states for s in specs]
 
 
+@only_vllm_032
 def test_circular_buffer_ring_is_not_a_full_group():
     """CircularBufferSpec (vLLM 0.32: DSv4.1 / GLM5-next compressor ring) is
     one block per request that is rewritten in place and not prefix
     cacheable: it cannot be addressed by token position like FULL KV."""
-    spec = CircularBufferSpec(block_size=8, **MLA)
+    spec = kv_interface.CircularBufferSpec(block_size=8, **MLA)
     assert spec.prefix_cacheable is False
     gs = scheduler_groups(kv_config((["ring"], spec)))
     assert gs[0].kind is GroupKind.STATE
@@ -197,6 +207,7 @@ def test_step_view_new_cached_resumed_preempted_finished():
         finished_req_ids={"gone1", "gone2"},
         free_encoder_mm_hashes=[],
         preempted_req_ids={"victim"},
+        num_common_prefix_blocks=[],  # required before vLLM 0.32
     )
     view = step_view(out)
     by_id = {s.req_id: s for s in view.scheduled}

@@ -130,6 +130,12 @@ def patch_v1_adapter(module: Any) -> None:
     _patch_gpu_connector_factory()
     apply_extra = cls._apply_extra_config
     register = cls.register_kv_caches
+    init = cls.__init__
+
+    def __init__(self, vllm_config, role, parent):
+        init(self, vllm_config, role, parent)
+        if shim_active():
+            seed_lookup_hashes(self)
 
     def _apply_extra_config(self, config, vllm_config):
         apply_extra(self, config, vllm_config)
@@ -142,6 +148,7 @@ def patch_v1_adapter(module: Any) -> None:
             bind(self, kv_caches)
         register(self, kv_caches)
 
+    cls.__init__ = __init__
     cls._apply_extra_config = _apply_extra_config
     cls.register_kv_caches = register_kv_caches
     cls._lmcache_ascend_patched = True
@@ -168,9 +175,11 @@ def _patch_gpu_connector_factory() -> None:
 def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
     """Our startup checks and requirements, in both vLLM roles."""
     global _announced
+    from lmcache_ascend.compat import require_supported
     from lmcache_ascend.integration.vllm import vllm_layout
     from lmcache_ascend.v1.engine_glue import enforce_engine_requirements, validate_engine_config
 
+    require_supported()
     validate_engine_config(config, os.environ)
     enforce_engine_requirements(config, 1, connector=ROUTE)
     if is_scheduler:
@@ -186,6 +195,16 @@ def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
         )
 
 
+def seed_lookup_hashes(adapter: Any) -> None:
+    """The scheduler's lookup client hashes chunks in its own process: give
+    it the worker's deterministic chunk-hash seed (runtime.pin_init_hash)."""
+    from lmcache_ascend.integration.vllm import runtime
+
+    client = adapter.lookup_client
+    if client is not None and getattr(client, "token_database", None) is not None:
+        runtime.prepare_token_database(client, int(adapter.config.chunk_size), "adapter scheduler")
+
+
 def install_shutdown(adapter: Any) -> None:
     """vLLM 0.32's ``LMCacheConnectorV1`` does not override ``shutdown``, so
     LMCache's engine is never closed; its storage thread is not a daemon and
@@ -199,7 +218,12 @@ def install_shutdown(adapter: Any) -> None:
     from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-    from lmcache_ascend.integration.vllm.shutdown import bounded_close, detach_remote_backends
+    from lmcache_ascend.compat import vllm_features
+    from lmcache_ascend.integration.vllm.shutdown import (
+        bounded_close,
+        close_before_thread_join,
+        detach_remote_backends,
+    )
 
     parent = getattr(adapter, "_parent", None)
     if parent is None or type(parent).shutdown is not KVConnectorBase_V1.shutdown:
@@ -213,6 +237,8 @@ def install_shutdown(adapter: Any) -> None:
         bounded_close("LMCache engine", lambda: LMCacheEngineBuilder.destroy(ENGINE_NAME))
 
     parent.shutdown = shutdown
+    if not vllm_features().inproc_engine_shuts_down:
+        close_before_thread_join(parent, lambda p: p.shutdown())
 
 
 def bind(adapter: Any, kv_caches: Mapping[str, Any]) -> None:
@@ -258,7 +284,7 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
         if "+" not in metadata.model_name:
             metadata.model_name = f"{metadata.model_name}+{plan.layout_fingerprint}"
     _guard_engine(engine, connector)
-    runtime.memoize_prefix_hashes(engine, int(config.chunk_size), "adapter worker")
+    runtime.prepare_token_database(engine, int(config.chunk_size), "adapter worker")
     logger.info("lmcache-ascend adapter plan:\n%s", plan.describe())
     runtime.log_copy_threads(transfer)
 

@@ -25,6 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     SupportsHMA,
 )
 
+from lmcache_ascend.compat import require_supported
 from lmcache_ascend.integration.vllm import vllm_layout
 from lmcache_ascend.integration.vllm.transfer_meta import StepTransfers
 
@@ -55,6 +56,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         role: KVConnectorRole,
         kv_cache_config: "KVCacheConfig",
     ) -> None:
+        features = require_supported()  # one clear error before anything starts
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         kv_role = self._kv_transfer_config.kv_role
         if kv_role not in _VALID_ROLES:
@@ -73,6 +75,10 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         from lmcache_ascend.integration.vllm.stats import Counters
 
         self._sched_reported = Counters()
+        if not features.inproc_engine_shuts_down:
+            from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
+
+            close_before_thread_join(self, type(self).shutdown)
         if role == KVConnectorRole.SCHEDULER:
             from lmcache_ascend.integration.vllm.runtime import build_scheduler_half
 

@@ -156,7 +156,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> tuple[Schedu
         setup, "scheduler", 0, 1, vllm_layout.kv_transfer_extra_config(vllm_config)
     )
     client = LookupClientFactory.create_lookup_client(setup.lmcache_config, metadata)
-    memoize_prefix_hashes(client, setup.chunk_size, "scheduler")
+    prepare_token_database(client, setup.chunk_size, "scheduler")
 
     lookup = lookup_through(client, setup.chunk_size)
 
@@ -220,7 +220,7 @@ def build_worker_half(
             _broadcast_object_noop,
         )
         engine.post_init()
-        memoize_prefix_hashes(engine, setup.chunk_size, "worker")
+        prepare_token_database(engine, setup.chunk_size, "worker")
     server = LookupClientFactory.create_lookup_server(engine, metadata)
     half = WorkerHalf(
         setup.groups,
@@ -243,9 +243,32 @@ def build_worker_half(
     return half, plan, server
 
 
-def memoize_prefix_hashes(owner: Any, chunk_size: int, where: str) -> Optional[Any]:
-    """Memoizes the chunk prefix hashes of ``owner.token_database`` (an
-    LMCache engine or lookup client); see v1/hash_memo.py."""
+# vLLM 0.32's seed of its block-hash chain when PYTHONHASHSEED is unset
+# (vllm/v1/core/kv_cache_utils.py, DEFAULT_NONE_HASH_SEED).
+NONE_HASH_SEED = "vllm-none-hash"
+
+
+def pin_init_hash(db: Any) -> int:
+    """Make ``db``'s chunk-hash chain start from a seed every process derives
+    alike: ``PYTHONHASHSEED`` when set, else vLLM 0.32's fixed seed, hashed
+    with the database's own hash function. LMCache copies vLLM's NONE_HASH,
+    which vLLM < 0.32 draws from os.urandom per process when PYTHONHASHSEED is
+    unset, so the scheduler's lookups and the worker's stores would never
+    meet. The value equals what LMCache computes itself on vLLM 0.32, so
+    chunks are shared between engines of every supported vLLM. Pinned per
+    instance: a later token database re-seeds LMCache's module global."""
+    from lmcache.v1.token_database import _normalize_hash_to_int
+
+    seed = os.environ.get("PYTHONHASHSEED") or NONE_HASH_SEED
+    value = _normalize_hash_to_int(db.hash_func(seed))
+    db._get_init_hash = lambda: value
+    return value
+
+
+def prepare_token_database(owner: Any, chunk_size: int, where: str) -> Optional[Any]:
+    """Pins the chunk-hash seed of ``owner.token_database`` (an LMCache engine
+    or lookup client) and memoizes its prefix hashes (see v1/hash_memo.py).
+    Returns the memo."""
     from lmcache.v1.token_database import ChunkedTokenDatabase
 
     from lmcache_ascend.v1 import hash_memo
@@ -261,10 +284,13 @@ def memoize_prefix_hashes(owner: Any, chunk_size: int, where: str) -> Optional[A
         return None
     memo = getattr(db, "lmcache_ascend_hash_memo", None)
     if memo is None:  # a bypass lookup client shares the engine's database
+        seed = pin_init_hash(db)  # before the memo captures _get_init_hash
         memo = hash_memo.install(db, chunk_size)
         logger.info(
-            "lmcache-ascend %s: chunk prefix hashes memoized (last %d chunks)",
+            "lmcache-ascend %s: chunk hashes seeded with %#x, prefix hashes memoized "
+            "(last %d chunks)",
             where,
+            seed,
             memo.capacity,
         )
     return memo

@@ -97,3 +97,34 @@ def close_quietly(connector: Any) -> None:
             bounded_close("remote backends", lambda: detach_remote_backends(worker.engine))
             bounded_close("LMCache engine", lambda: LMCacheEngineBuilder.destroy(instance_id))
         connector._worker = None
+
+
+def close_before_thread_join(owner: Any, close: Callable[[Any], Any]) -> bool:
+    """Run ``close(owner)`` when the interpreter starts to exit, if ``owner``
+    is still alive then. vLLM < 0.32's in-process engine never shuts its
+    connectors down, and LMCache's storage event-loop thread is not a daemon:
+    the interpreter would wait for it forever. Plain ``atexit`` callbacks run
+    only after non-daemon threads are joined (too late); CPython's
+    ``threading._register_atexit`` (used by concurrent.futures) runs before.
+    Returns False where that hook is not available (logged once)."""
+    import weakref
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        logger.warning(
+            "lmcache-ascend: this Python has no threading._register_atexit; an "
+            "in-process vLLM engine may not exit until its LMCache engine is closed"
+        )
+        return False
+    ref = weakref.ref(owner)
+
+    def at_exit() -> None:
+        obj = ref()
+        if obj is not None:
+            close(obj)
+
+    try:
+        register(at_exit)
+    except RuntimeError:  # the interpreter is already shutting down
+        return False
+    return True

@@ -23,16 +23,23 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
+from lmcache_ascend.compat import vllm_features
 from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
 
 logger = logging.getLogger(__name__)
+
+
+def _prefix_cacheable(spec: KVCacheSpec) -> bool:
+    # vLLM 0.32 lets a spec declare that its blocks are not reusable; earlier
+    # series have no such spec (CircularBufferSpec came with the attribute).
+    return bool(spec.prefix_cacheable) if vllm_features().spec_reuse_attributes else True
 
 
 def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     """Group kind and sliding window of one vLLM spec."""
     if isinstance(spec, MambaSpec):
         return GroupKind.STATE, None
-    if not spec.prefix_cacheable:
+    if not _prefix_cacheable(spec):
         # e.g. CircularBufferSpec: a per-request ring rewritten in place; its
         # content is not a function of token positions we could restore.
         return GroupKind.STATE, None
@@ -52,11 +59,12 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
 
 
 def _compress_ratio(spec: KVCacheSpec) -> int:
-    """Tokens per stored row. vLLM-Ascend's DSv4 specs call it
-    ``compress_ratio``; vLLM's own attention specs ``tokens_per_state``
-    (Mamba uses -1 there and Whisper a fraction below 1: not ratios)."""
+    """Tokens per stored row. vLLM-Ascend's DSv4 specs and vLLM < 0.32's MLA
+    specs call it ``compress_ratio``; vLLM 0.32's attention specs
+    ``tokens_per_state`` (Mamba uses -1 there and Whisper a fraction below
+    1: not ratios)."""
     ratio = getattr(spec, "compress_ratio", None)
-    if ratio is None and isinstance(spec, AttentionSpec):
+    if ratio is None and isinstance(spec, AttentionSpec) and vllm_features().spec_reuse_attributes:
         tps = spec.tokens_per_state
         ratio = tps if isinstance(tps, int) and tps >= 1 else 1
     return int(ratio or 1)
@@ -91,7 +99,7 @@ class LayoutFacts:
 
 
 def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
-    layout = getattr(kv_cache_config, "kv_cache_layout", None)
+    layout = _kv_cache_layout(kv_cache_config)
     ratios: dict[str, int] = {}
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
@@ -106,9 +114,22 @@ def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
     )
 
 
+def _kv_cache_layout(kv_cache_config: KVCacheConfig) -> Optional[str]:
+    """vLLM's resolved NHD/HND layout: in the KV cache config on 0.32, from
+    the attention backends' helper before."""
+    if vllm_features().spec_reuse_attributes:
+        return kv_cache_config.kv_cache_layout
+    from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+    return str(get_kv_cache_layout())
+
+
 def transferable_group_ids(kv_cache_config: KVCacheConfig) -> frozenset[int]:
-    """Groups vLLM lets connectors transfer (``enable_kv_transfer``)."""
-    return frozenset(kv_cache_config.transfer_group_ids)
+    """Groups vLLM lets connectors transfer (``enable_kv_transfer``, 0.32);
+    every group before."""
+    if vllm_features().spec_reuse_attributes:
+        return frozenset(kv_cache_config.transfer_group_ids)
+    return frozenset(range(len(kv_cache_config.kv_cache_groups)))
 
 
 def is_cpu_platform() -> bool:
