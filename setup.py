@@ -66,6 +66,10 @@ class CMakeBuild(build_ext):
             f"-DPython3_EXECUTABLE={sys.executable}",
             f"-DLMCA_OUTPUT_DIR={target.parent}",
             f"-DLMCA_OUTPUT_NAME={target.name}",
+            # Passed on every configure, so a cached ON from a test build never
+            # leaks into a wheel build (the module is written outside the
+            # package either way: build/ascend-sim/).
+            f"-DLMCA_BUILD_ASCEND_SIM={'ON' if _sim_requested() else 'OFF'}",
         ]
         ninja = _tool("ninja")
         if not (build_dir / "CMakeCache.txt").exists() and ninja != "ninja":
@@ -84,6 +88,17 @@ class CMakeBuild(build_ext):
         if target != out:
             shutil.copy2(target, out)
             shutil.copy2(target.parent / "_build_info.py", out.parent / "_build_info.py")
+        # Older builds wrote the AscendC simulation into the package; it is a
+        # test-only module now (build/ascend-sim/) and must not be imported
+        # or shipped from there.
+        for stale in target.parent.glob("_ascend_sim*.so"):
+            stale.unlink()
+
+
+def _sim_requested() -> bool:
+    """LMCA_BUILD_ASCEND_SIM=1 (the Makefile's test build) adds the test-only
+    AscendC simulation module; anything else, or unset, leaves it out."""
+    return os.environ.get("LMCA_BUILD_ASCEND_SIM", "0").strip().lower() in ("1", "on", "true", "yes")
 
 
 def _tool(name: str) -> str:

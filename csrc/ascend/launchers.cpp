@@ -19,8 +19,8 @@
 #include "aclrtlaunch_lmca_block_pages_kernel.h"
 #include "aclrtlaunch_lmca_multi_plane_kernel.h"
 #include "aclrtlaunch_lmca_token_rows_kernel.h"
-#include "backend_ascend.h"
-#include "kernels/kernel_meta.h"
+#include "ops/backend_ascend.h"
+#include "ascend/kernels/kernel_meta.h"
 #include "tiling/platform/platform_ascendc.h"
 
 namespace lmca::ascend {

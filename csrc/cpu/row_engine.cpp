@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "row_engine.h"
+#include "cpu/row_engine.h"
 
 #include <ATen/Parallel.h>
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The AscendC kernels on the AscendC simulation, checked by the CPU op tests.
 
-lmcache_ascend._ascend_sim runs each op through the op layer's Ascend path,
+lmca_ascend_sim (test-only, see sim_module.py) runs each op through the op layer's Ascend path,
 the NPU launchers' meta packing and the real AscendC kernel bodies
 (csrc/ascend/kernels) on simulated AI cores with the hardware's rules
 checked.  The tests below call the byte-exact tests of test_ops_*.py
@@ -16,7 +16,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-sim = pytest.importorskip("lmcache_ascend._ascend_sim")
+import sim_module  # noqa: E402
+
+sim = sim_module.require()
 
 import test_ops_block_kv as bk  # noqa: E402
 import test_ops_multi_plane as mp  # noqa: E402

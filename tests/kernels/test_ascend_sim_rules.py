@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Planted violations: the AscendC simulation raises on each broken rule.
 
-Each case is a small AscendC kernel (csrc/ascend/sim/violation_kernels.cpp)
+Each case is a small AscendC kernel (csrc/sim/violation_kernels.cpp)
 that breaks one modeled hardware rule; 'control' is the same copy written
 correctly and must pass.
 """
@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-sim = pytest.importorskip("lmcache_ascend._ascend_sim")
+import sim_module  # noqa: E402
+
+sim = sim_module.require()
 
 PLANTED = {
     "misaligned_datacopy_length": r"DataCopy \(GM->UB\): moves whole 32-byte blocks, but 6 x 1 bytes",

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend_ascend.h"
+#include "ops/backend_ascend.h"
 #include "kernel_meta.h"
 
 namespace lmca {

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// lmcache_ascend._ascend_sim: the AscendC kernels run on simulated AI cores.
+// lmca_ascend_sim (test-only, never part of the lmcache_ascend package): the
+// AscendC kernels run on simulated AI cores.
 //
 // Each op has the name, arguments and semantics of its lmcache_ascend.ops
 // counterpart plus keyword-only machine arguments (block_dim, ub_bytes,
@@ -9,11 +10,11 @@
 // only ACL / torch_npu are absent.  Inputs are CPU tensors (host memory
 // plays the NPU's global memory).  A broken hardware rule raises
 // RuntimeError naming the core, the AscendC call and the rule.
-#include "kernels/kernel_meta.h"
-#include "ops.h"
-#include "ops_util.h"
-#include "sim_backend.h"
-#include "sim_violations.h"
+#include "ascend/kernels/kernel_meta.h"
+#include "ops/ops.h"
+#include "ops/ops_util.h"
+#include "sim/sim_backend.h"
+#include "sim/sim_violations.h"
 
 namespace {
 
@@ -61,10 +62,12 @@ RuntimeError.  See docs/kernels.md, "AscendC simulation".
 
 }  // namespace
 
-PYBIND11_MODULE(_ascend_sim, m) {
+PYBIND11_MODULE(lmca_ascend_sim, m) {
   using namespace lmca::ops;
   py::module_::import("torch");
   m.doc() = kModuleDoc;
+  // Checked by tests/kernels/sim_module.py against the running torch.
+  m.attr("_torch_version") = LMCA_TORCH_VERSION;
   const int64_t kDim = Config{}.block_dim, kUb = Config{}.ub_bytes;
 #define LMCA_SIM_MACHINE                                               \
   py::kw_only(), py::arg("block_dim") = kDim, py::arg("ub_bytes") = kUb, \

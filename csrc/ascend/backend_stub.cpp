@@ -4,7 +4,7 @@
 // throw as well so that a wrong call can never silently do nothing.
 #include <stdexcept>
 
-#include "backend_ascend.h"
+#include "ops/backend_ascend.h"
 
 namespace lmca::ascend {
 namespace {

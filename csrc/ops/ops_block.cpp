@@ -5,9 +5,9 @@
 
 #include <cstring>
 
-#include "backend_ascend.h"
-#include "ops.h"
-#include "ops_kv.h"
+#include "ops/backend_ascend.h"
+#include "ops/ops.h"
+#include "ops/ops_kv.h"
 
 namespace lmca::ops {
 namespace {

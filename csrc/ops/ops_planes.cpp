@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // Multi-plane rows and whole block pages: the ops the multi-group connector
 // uses for bundled kernel groups and opaque (vLLM-CPU, Mamba/GDN) pages.
-#include "backend_ascend.h"
+#include "ops/backend_ascend.h"
 #include "cpu/row_engine.h"
-#include "ops.h"
-#include "ops_util.h"
+#include "ops/ops.h"
+#include "ops/ops_util.h"
 
 namespace lmca::ops {
 namespace {

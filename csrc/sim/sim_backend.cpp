@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Ascend backend of the simulation module.
 //
-// The op layer (csrc/ops_*.cpp, compiled into this module unchanged) takes
-// its Ascend path for every host tensor here (see pick_backend below) and
+// The op layer (lmca_op_layer, the same objects as in lmcache_ascend._ops)
+// takes its Ascend path for every host tensor here (see pick_backend below) and
 // calls these launchers with the launch descriptions it would hand to the
 // NPU launchers.  They pack the kernel meta with the shared packers
 // (kernels/launch_meta.h), register every GM buffer the kernel may touch
@@ -14,10 +14,10 @@
 #include <string>
 #include <vector>
 
-#include "backend_ascend.h"
-#include "kernels/launch_meta.h"
-#include "ops_util.h"
-#include "sim_backend.h"
+#include "ops/backend_ascend.h"
+#include "ascend/kernels/launch_meta.h"
+#include "ops/ops_util.h"
+#include "sim/sim_backend.h"
 
 // The AscendC entry points (copy_kernels.cpp, host build: GM_ADDR is uint8_t*).
 extern "C" {
@@ -185,10 +185,10 @@ void memcpy_async(uint64_t dst, uint64_t src, int64_t nbytes, bool) {
 
 namespace lmca::ops {
 
-// Replaces the op layer's device-based selection (ops_util.cpp, compiled
-// here with its own pick_backend renamed away, see sim_ops_util.cpp): host
-// memory plays the NPU's memory, so every CPU tensor takes the Ascend path,
-// with the same validation and lowering as on an NPU host.
+// This module's side of the op layer's backend seam (the shipped module links
+// csrc/ops/backend_by_device.cpp instead): host memory plays the NPU's
+// memory, so every CPU tensor takes the Ascend path, with the same
+// validation and lowering as on an NPU host.
 Backend pick_backend(const std::vector<NamedTensor>& tensors,
                      const std::string& device_arg_name,
                      const std::string& device_str) {

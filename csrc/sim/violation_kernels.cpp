@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "kernel_operator.h"
-#include "sim_backend.h"
-#include "sim_violations.h"
+#include "sim/sim_backend.h"
+#include "sim/sim_violations.h"
 
 namespace {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "sim_backend.h"
+#include "sim/sim_backend.h"
 
 namespace lmca::sim {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "cpu/row_engine.h"
-#include "ops_util.h"
+#include "ops/ops_util.h"
 
 namespace lmca::ops {
 

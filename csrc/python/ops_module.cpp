@@ -6,8 +6,8 @@
 // DeviceOps ops under their LMCache names, our two extra transfer ops, and
 // built_backends().  No enum types are exported, so LMCache's own
 // TransferDirection / EngineKVFormat stay in place (ours accept them).
-#include "ops.h"
-#include "ops_util.h"
+#include "ops/ops.h"
+#include "ops/ops_util.h"
 #include "cpu/row_engine.h"
 
 namespace {

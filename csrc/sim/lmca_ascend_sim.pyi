@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Type stub of lmcache_ascend._ascend_sim: the AscendC kernels on a host
-simulation of the AscendC API (see docs/kernels.md, "AscendC simulation").
+"""Type stub of lmca_ascend_sim, the test-only module (built into
+build/ascend-sim/, never into the lmcache_ascend package): the AscendC
+kernels on a host simulation of the AscendC API (see docs/kernels.md,
+"AscendC simulation").
 
 Ops mirror lmcache_ascend.ops (same arguments, CPU tensors) plus the
 keyword-only machine: block_dim (simulated cores), ub_bytes (UB per core),

@@ -5,9 +5,9 @@
 // or to an Ascend launch.
 #include <ATen/Functions.h>
 
-#include "backend_ascend.h"
-#include "ops.h"
-#include "ops_kv.h"
+#include "ops/backend_ascend.h"
+#include "ops/ops.h"
+#include "ops/ops_kv.h"
 
 namespace lmca::ops {
 namespace {

@@ -1,0 +1,53 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Finds the test-only AscendC simulation module, lmca_ascend_sim.
+
+It is not part of the lmcache_ascend package (a wheel must not ship it): the
+build writes it to build/ascend-sim/ when LMCA_BUILD_ASCEND_SIM=1 (`make
+build` sets it).  Tests call ``require()`` (skips the module's tests, with
+the reason, when it was not built); benchmarks call ``load()``.  A module
+built for another torch is an error, never skipped.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+SIM_DIR = ROOT / "build" / "ascend-sim"
+NAME = "lmca_ascend_sim"
+HOW_TO_BUILD = (
+    f"build it with LMCA_BUILD_ASCEND_SIM=1 (`make build` does), which writes {NAME} to {SIM_DIR}"
+)
+
+
+def built() -> bool:
+    return any(SIM_DIR.glob(f"{NAME}.*.so"))
+
+
+def load() -> ModuleType:
+    """The module; ImportError naming the fix when it is absent or stale."""
+    import torch  # first: the module resolves torch's libraries from the process
+
+    if not built():
+        raise ImportError(f"the AscendC simulation module is not built; {HOW_TO_BUILD}")
+    if str(SIM_DIR) not in sys.path:
+        sys.path.insert(0, str(SIM_DIR))
+    module = importlib.import_module(NAME)
+    if module._torch_version != torch.__version__:
+        raise ImportError(
+            f"{module.__file__} was built against torch {module._torch_version}, but this "
+            f"process runs torch {torch.__version__}; rebuild: {HOW_TO_BUILD}"
+        )
+    return module
+
+
+def require() -> ModuleType:
+    """For test modules: skip them (with the reason) when the module was not built."""
+    import pytest
+
+    if not built():
+        pytest.skip(f"AscendC simulation not built: {HOW_TO_BUILD}", allow_module_level=True)
+    return load()
