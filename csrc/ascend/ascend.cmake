@@ -13,6 +13,15 @@ if(NOT SOC_VERSION)
   endif()
 endif()
 set(SOC_VERSION "${SOC_VERSION}" CACHE STRING "Ascend SoC the kernels are built for")
+# The kernels move data with DataCopyPad between GM and UB, which Atlas
+# inference products (Ascend310P*) lack (DataCopyPad docs); the launchers
+# refuse such a SoC at run time too.
+if(SOC_VERSION MATCHES "^Ascend310P")
+  message(FATAL_ERROR "lmcache_ascend: SOC_VERSION ${SOC_VERSION} (Atlas 300I Duo / 310P) "
+                      "has no DataCopyPad between GM and UB, which every copy kernel "
+                      "uses; build for an Atlas A2/A3 SoC (Ascend910B*, Ascend910_93*) "
+                      "or set LMCA_DISABLE_ASCEND=1 for a CPU-only build")
+endif()
 set(ASCEND_CANN_PACKAGE_PATH "${LMCA_CANN_PATH}")
 set(RUN_MODE "npu")
 include("${LMCA_ASCENDC_CMAKE_DIR}/ascendc.cmake")

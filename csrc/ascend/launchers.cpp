@@ -2,8 +2,10 @@
 // Host launchers of the Ascend backend (built only with CANN + torch_npu).
 //
 // Each launcher packs the validated launch description into an int64 meta
-// array (layout: kernels/kernel_meta.h), moves it and any host-resident index
-// tensors to the NPU, stages a host-resident chunk through device memory,
+// array with the shared packers (kernels/launch_meta.h, which the simulation
+// also uses) and the UB tile sized from the SoC's UB capacity, moves it and
+// any host-resident index tensors to the NPU, stages a host-resident chunk
+// through device memory,
 // and enqueues the AscendC kernel on the current torch_npu stream through
 // OpCommand, so it is ordered with the surrounding torch_npu work.
 #include <ATen/ATen.h>
@@ -19,8 +21,8 @@
 #include "aclrtlaunch_lmca_block_pages_kernel.h"
 #include "aclrtlaunch_lmca_multi_plane_kernel.h"
 #include "aclrtlaunch_lmca_token_rows_kernel.h"
+#include "ascend/kernels/launch_meta.h"
 #include "ops/backend_ascend.h"
-#include "ascend/kernels/kernel_meta.h"
 #include "tiling/platform/platform_ascendc.h"
 
 namespace lmca::ascend {
@@ -34,13 +36,35 @@ c10::Device npu_device() {
                      static_cast<c10::DeviceIndex>(c10_npu::current_device()));
 }
 
+platform_ascendc::PlatformAscendC* platform() {
+  return platform_ascendc::PlatformAscendCManager::GetInstance(aclrtGetSocName());
+}
+
 uint32_t vector_cores() {
-  static const uint32_t n = [] {
-    auto* platform = platform_ascendc::PlatformAscendCManager::GetInstance(
-        aclrtGetSocName());
-    return static_cast<uint32_t>(platform->GetCoreNumAiv());
-  }();
+  static const uint32_t n = static_cast<uint32_t>(platform()->GetCoreNumAiv());
   return n;
+}
+
+// Tiling of every launch, from the SoC's UB capacity (GetCoreMemSize), checked
+// once on the host; a SoC the kernels cannot run on is refused here, before
+// any launch (the kernels need DataCopyPad between GM and UB).
+const Tiling& tiling() {
+  static const Tiling t = [] {
+    const std::string soc = aclrtGetSocName() ? aclrtGetSocName() : "";
+    const std::string why = unsupported_soc_reason(soc);
+    if (!why.empty()) throw std::runtime_error("lmcache_ascend: " + why);
+    uint64_t ub = 0;
+    platform()->GetCoreMemSize(platform_ascendc::CoreMemType::UB, ub);
+    const int64_t ub_bytes = static_cast<int64_t>(ub);
+    Tiling out{launch_tile_bytes(ub_bytes), 1};
+    const std::string bad = tile_bytes_problem(out.tile_bytes, ub_bytes);
+    if (!bad.empty()) {
+      throw std::runtime_error("lmcache_ascend: SoC " + soc + " reports " +
+                               std::to_string(ub) + " bytes of UB per core; " + bad);
+    }
+    return out;
+  }();
+  return t;
 }
 
 at::Tensor on_npu(const at::Tensor& t) {
@@ -102,17 +126,7 @@ void enqueue(const char* name, Fn fn) {
 
 void token_rows(const TokenRowsLaunch& L) {
   if (L.num_layers == 0 || L.num_tokens == 0) return;
-  std::vector<int64_t> meta(kTokenRowsWords, 0);
-  geom_to_words(L.geom, meta.data());
-  meta[kTrNumLayers] = L.num_layers;
-  meta[kTrNumKv] = L.num_kv;
-  meta[kTrNumTokens] = L.num_tokens;
-  meta[kTrSkipPrefix] = L.skip_prefix;
-  meta[kTrVPlaneOffset] = L.v_plane_offset;
-  meta[kTrChunkKvStride] = L.chunk_kv_stride;
-  meta[kTrChunkLayerStride] = L.chunk_layer_stride;
-  meta[kTrToChunk] = L.to_chunk ? 1 : 0;
-  const at::Tensor meta_t = words_on_npu(meta);
+  const at::Tensor meta_t = words_on_npu(token_rows_meta(L, tiling()));
   const at::Tensor ptrs = on_npu(L.layer_ptrs);
   const at::Tensor slots = on_npu(L.slots);
   DeviceChunk chunk = device_chunk(L.chunk, L.chunk_on_host, L.chunk_span);
@@ -128,22 +142,8 @@ void token_rows(const TokenRowsLaunch& L) {
 
 void multi_plane(const MultiPlaneLaunch& L) {
   const int64_t P = L.num_planes;
-  std::vector<int64_t> meta(mp_meta_words(L.num_layers, P), 0);
-  meta[kMpNumLayers] = L.num_layers;
-  meta[kMpNumPlanes] = P;
-  meta[kMpToChunk] = L.to_chunk ? 1 : 0;
-  for (int64_t p = 0; p < P; ++p) {
-    geom_to_words(L.geoms[p], meta.data() + mp_geom_base(p));
-  }
-  for (int64_t p = 0; p <= P; ++p) {
-    meta[mp_offsets_base(P) + p] = L.slot_offsets[p];
-    meta[mp_prefix_base(P) + p] = L.plane_prefix[p];
-  }
-  for (int64_t i = 0; i < L.num_layers * P; ++i) {
-    meta[mp_ptrs_base(P) + i] = L.plane_ptrs[i];
-  }
   if (L.num_layers == 0 || L.slot_offsets[P] == 0) return;
-  const at::Tensor meta_t = words_on_npu(meta);
+  const at::Tensor meta_t = words_on_npu(multi_plane_meta(L, tiling()));
   const at::Tensor slots = on_npu(L.slots);
   const int64_t span = L.num_layers * L.plane_prefix[P];
   DeviceChunk chunk = device_chunk(static_cast<uint8_t*>(L.chunk.data_ptr()),
@@ -160,16 +160,7 @@ void multi_plane(const MultiPlaneLaunch& L) {
 
 void block_pages(const BlockPagesLaunch& L) {
   if (L.num_layers == 0 || L.num_pages == 0) return;
-  std::vector<int64_t> meta(kBpHeaderWords + L.num_layers, 0);
-  geom_to_words(L.geom, meta.data());
-  meta[kBpNumLayers] = L.num_layers;
-  meta[kBpNumPages] = L.num_pages;
-  meta[kBpPageBytes] = row_bytes(L.geom);
-  meta[kBpToChunk] = L.to_chunk ? 1 : 0;
-  for (int64_t l = 0; l < L.num_layers; ++l) {
-    meta[kBpHeaderWords + l] = L.layer_ptrs[l];
-  }
-  const at::Tensor meta_t = words_on_npu(meta);
+  const at::Tensor meta_t = words_on_npu(block_pages_meta(L, tiling()));
   const at::Tensor ids = on_npu(L.block_ids);
   const int64_t span = L.num_layers * L.num_pages * row_bytes(L.geom);
   DeviceChunk chunk = device_chunk(static_cast<uint8_t*>(L.chunk.data_ptr()),

@@ -11,16 +11,20 @@
 // not compile, so a kernel cannot silently step outside what is checked.
 //
 // Rules: UB capacity (per launch), InitBuffer lengths rounded up to 32 bytes,
-// at most 64 buffers per kernel and 8 queue buffers per TPosition; UB
-// addresses of DataCopy/DataCopyPad 32-byte aligned, DataCopy lengths in
-// whole 32-byte blocks, GM addresses aligned to the element size, parameter
-// ranges; AllocTensor beyond the buffer count, EnQue beyond the depth, DeQue
+// at most 64 buffers per TPipe, at most 8 event ids per HardEvent kind in
+// use at once; UB addresses of DataCopy/DataCopyPad 32-byte aligned, DataCopy
+// lengths in whole 32-byte blocks, GM addresses aligned to the element size,
+// parameter ranges (zero-length DataCopyPad is a no-op), DataCopyPad absent
+// on 310P; AllocTensor beyond the buffer count, EnQue beyond the depth, DeQue
 // from an empty queue, FreeTensor of a tensor not allocated, use after
 // FreeTensor or while enqueued, tensors left allocated at kernel end; local
 // memory only through queues/buffers; GM only through GlobalTensor and only
 // inside the buffers the launch passed (and the GlobalTensor's size); reads
 // of UB bytes never written; pipe hazards on UB (a write by one pipe must be
 // handed to another by a queue event or a barrier); GM races between cores.
+// Each rule names the AscendC documentation it models (asc-devkit
+// docs/zh/api/SIMD-API/基础API/..., and the CPU-debug implementation in
+// impl/basic_api where the docs are silent).
 #pragma once
 
 #include <cstdint>
@@ -39,13 +43,33 @@
 // Pipe ids of PipeBarrier (global namespace, as in the CCE headers).
 enum pipe_t { PIPE_S, PIPE_V, PIPE_M, PIPE_MTE1, PIPE_MTE2, PIPE_MTE3, PIPE_ALL };
 
+// Kernel type (Kernel-Tiling/设置Kernel类型.md; kernel_utils_macros.h).  The
+// macro compiles to nothing for the NPU compiler's runtime; here it records
+// the declaration so tests can check every kernel declares AIV-only.
+enum KernelMetaType : uint8_t {
+  KERNEL_TYPE_AIV_ONLY, KERNEL_TYPE_AIC_ONLY, KERNEL_TYPE_MIX_AIV_1_0,
+  KERNEL_TYPE_MIX_AIC_1_0, KERNEL_TYPE_MIX_AIC_1_1, KERNEL_TYPE_MIX_AIC_1_2,
+  KERNEL_TYPE_AICORE, KERNEL_TYPE_VECTORCORE, KERNEL_TYPE_MIX_AICORE,
+  KERNEL_TYPE_MIX_VECTOR_CORE, KERNEL_TYPE_MAX
+};
+#define KERNEL_TASK_TYPE_DEFAULT(value) \
+  (::lmca::sim::current().launch.stats.task_type = static_cast<int64_t>(value))
+
 namespace AscendC {
 
+// The real enumerators and values (impl/basic_api/common_types.h; docs
+// 辅助数据结构/TPosition.md): LCM aliases VECCALC, SHM aliases SPM, TSCM = 13.
 enum class TPosition : uint8_t {
-  GM, A1, A2, B1, B2, C1, C2, CO1, CO2, VECIN, VECOUT, VECCALC, TSCM, MAX
+  GM, A1, A2, B1, B2, C1, C2, CO1, CO2, VECIN, VECOUT, VECCALC,
+  LCM = VECCALC, SPM, SHM = SPM, TSCM, C2PIPE2GM, C2PIPE2LOCAL, MAX
 };
+static_assert(static_cast<int>(TPosition::TSCM) == 13 &&
+              static_cast<int>(TPosition::MAX) == 16, "real TPosition values");
 using QuePosition = TPosition;
 
+// GetBlockIdx.md: in [0, numBlocks) when only AIV (or AIC) cores run; with
+// AIC:AIV 1:2 the vector cores' index spans [0, 2 * numBlocks).
+// GetBlockNum.md: numBlocks of the launch in both cases.
 inline int64_t GetBlockIdx() { return lmca::sim::current().idx; }
 inline int64_t GetBlockNum() { return lmca::sim::current().launch.block_dim; }
 
@@ -131,6 +155,8 @@ inline void check_ub(Core& c, const LocalRef& r, const UbBuffer& buf,
 inline void note_copy(Core& c, const Bursts& b, bool in) {
   auto& s = c.launch.stats;
   (in ? s.copies_in : s.copies_out) += 1;
+  // Blocks without a GM gap are one contiguous GM range: one burst.
+  (in ? s.bursts_in : s.bursts_out) += b.gm_step == b.len ? 1 : b.count;
   (in ? s.bytes_in : s.bytes_out) += b.count * b.len;
   s.max_copy_bytes = std::max<int64_t>(s.max_copy_bytes, b.len);
   c.did_copy = true;
@@ -237,7 +263,9 @@ class GlobalTensor {
     return v;
   }
   __aicore__ inline uint64_t GetSize() const { return size_; }
-  __aicore__ inline __gm__ T* GetPhyAddr() const { return addr_; }
+  // kernel_tensor.h: the no-offset overload returns a const pointer.
+  __aicore__ inline const __gm__ T* GetPhyAddr() const { return addr_; }
+  __aicore__ inline __gm__ T* GetPhyAddr(const uint64_t offset) const { return addr_ + offset; }
 
   // Simulation bookkeeping (not AscendC API).
   uintptr_t sim_addr() const { return reinterpret_cast<uintptr_t>(addr_); }
@@ -315,9 +343,17 @@ struct DataCopyParams {
                             const uint16_t srcStrideIn, const uint16_t dstStrideIn)
       : blockCount(count), blockLen(len), srcStride(srcStrideIn), dstStride(dstStrideIn) {}
   uint16_t blockCount = 1;
-  uint16_t blockLen = 0;   // 32-byte blocks
-  uint16_t srcStride = 0;  // 32-byte blocks between bursts
-  uint16_t dstStride = 0;
+  uint16_t blockLen = 0;  // 32-byte blocks
+  // 32-byte blocks between bursts; kernel_struct_data_copy.h names them
+  // srcGap/dstGap, with srcStride/dstStride as deprecated aliases.
+  union {
+    uint16_t srcGap = 0;
+    uint16_t srcStride;
+  };
+  union {
+    uint16_t dstGap = 0;
+    uint16_t dstStride;
+  };
 };
 
 struct DataCopyExtParams {
@@ -369,9 +405,18 @@ DataCopyParams count_params(Core& c, uint32_t count, const char* api) {
   return DataCopyParams(1, uint16_t(bytes / kUbBlock), 0, 0);
 }
 
-inline void check_ext(Core& c, const DataCopyExtParams& p, const char* api) {
-  check_range(c, api, "blockCount", p.blockCount, 1, 4095);
-  check_range(c, api, "blockLen (bytes)", p.blockLen, 1, (1 << 21) - 1);
+// DataCopyPad（GMToUB/UBToGM非对齐数据搬运）.md: supported on Atlas A2/A3,
+// not on Atlas inference products (310P); blockCount in [0, 4095], blockLen
+// in [0, 2097151] bytes, and on A2/A3 either being 0 makes the call a NOP.
+// Returns false for a NOP.
+inline bool check_ext(Core& c, const DataCopyExtParams& p, const char* api) {
+  if (c.launch.npu_arch != lmca::sim::kArchA2) {
+    c.fail(api, ": DataCopyPad between GM and UB does not exist on this SoC "
+                "(__NPU_ARCH__ ", c.launch.npu_arch, ", Atlas inference / 310P)");
+  }
+  check_range(c, api, "blockCount", p.blockCount, 0, 4095);
+  check_range(c, api, "blockLen (bytes)", p.blockLen, 0, (1 << 21) - 1);
+  return p.blockCount != 0 && p.blockLen != 0;
 }
 }  // namespace sim_detail
 
@@ -417,7 +462,7 @@ __aicore__ inline void DataCopyPad(const LocalTensor<T>& dst, const GlobalTensor
                                    const DataCopyPadExtParams<T>& pad) {
   constexpr const char* api = "DataCopyPad (GM->UB)";
   auto& c = lmca::sim::current();
-  sim_detail::check_ext(c, p, api);
+  if (!sim_detail::check_ext(c, p, api)) return;
   const int64_t lp = int64_t(pad.leftPadding) * sizeof(T);
   const int64_t rp = int64_t(pad.rightPadding) * sizeof(T);
   sim_detail::check_range(c, api, "leftPadding (bytes)", lp, 0, 32);
@@ -435,7 +480,7 @@ __aicore__ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor
                                    const DataCopyExtParams& p) {
   constexpr const char* api = "DataCopyPad (UB->GM)";
   auto& c = lmca::sim::current();
-  sim_detail::check_ext(c, p, api);
+  if (!sim_detail::check_ext(c, p, api)) return;
   const int64_t span = sim_detail::ceil32(p.blockLen);
   const sim_detail::Bursts b{p.blockCount, p.blockLen, int64_t(p.blockLen) + p.dstStride,
                              span + int64_t(p.srcStride) * sim_detail::kUbBlock, span};

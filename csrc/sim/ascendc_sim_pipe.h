@@ -18,6 +18,7 @@ namespace AscendC {
 class TPipe;
 template <TPosition pos>
 class TBuf;
+using lmca::sim::HardEvent;
 
 namespace sim_detail {
 using lmca::sim::Owner;
@@ -35,11 +36,17 @@ inline Owner binding_owner(int kind, int depth) {
                                       "TQueBind<VECIN, VECOUT>"};
   static const Pipe prod[] = {Pipe::MTE2, Pipe::V, Pipe::MTE2};
   static const Pipe cons[] = {Pipe::V, Pipe::MTE3, Pipe::MTE3};
+  // GetQueEvt (kernel_event.h): forward (EnQue) and backward (FreeTensor)
+  // events of each binding.
+  static const HardEvent enq[] = {HardEvent::MTE2_V, HardEvent::V_MTE3, HardEvent::MTE2_MTE3};
+  static const HardEvent fre[] = {HardEvent::V_MTE2, HardEvent::MTE3_V, HardEvent::MTE3_MTE2};
   Owner o;
   o.what = lmca::sim::cat(names[kind], " (depth ", depth, ")");
   o.depth = depth;
   o.producer = prod[kind];
   o.consumer = cons[kind];
+  o.enque_event = enq[kind];
+  o.free_event = fre[kind];
   return o;
 }
 
@@ -71,6 +78,9 @@ class Queue {
       if (b.state != UbBuffer::State::Free) continue;
       b.state = UbBuffer::State::Held;
       o.next = i + 1;
+      // AllocBuffer waits on and releases the buffer's FreeTensor event.
+      if (b.holds_free_event) c.release_event(o.free_event);
+      b.holds_free_event = false;
       // A fresh tensor holds whatever the previous user left: undefined.
       std::memset(c.written.data() + b.offset, 0, b.bytes);
       return LocalRef{&c, o.buffers[i], b.generation, 0, b.bytes};
@@ -83,10 +93,13 @@ class Queue {
     Core& c = check("EnQue");
     UbBuffer& b = own(c, r, "EnQue");
     Owner& o = c.owners[id_];
-    if (static_cast<int>(o.fifo.size()) >= o.depth) {
+    // TQue简介.md: n consecutive EnQue need depth >= n; depth 0 (in-place
+    // queues) has no such bound and its events were taken by InitBuffer.
+    if (o.depth > 0 && static_cast<int>(o.fifo.size()) >= o.depth) {
       c.fail("EnQue on ", o.what, ": ", o.fifo.size(), " tensor(s) already "
              "enqueued without DeQue; n consecutive EnQue need depth >= n");
     }
+    if (o.depth > 0) c.alloc_event(o.enque_event, "EnQue");
     b.state = UbBuffer::State::Queued;
     o.fifo.push_back(r.buf);
     auto& s = c.launch.stats;
@@ -102,6 +115,7 @@ class Queue {
     }
     const int i = o.fifo.front();
     o.fifo.erase(o.fifo.begin());
+    if (o.depth > 0) c.release_event(o.enque_event);
     UbBuffer& b = c.bufs[i];
     b.state = UbBuffer::State::Held;
     // The EnQue/DeQue event: the producer's write is now visible to the
@@ -119,6 +133,12 @@ class Queue {
              "view at offset ", r.off);
     }
     const Owner& o = c.owners[id_];
+    // FreeBuffer takes a backward event id until the buffer is allocated
+    // again (depth 0: the one InitBuffer took).
+    if (o.depth > 0) {
+      c.alloc_event(o.free_event, "FreeTensor");
+      b.holds_free_event = true;
+    }
     b.state = UbBuffer::State::Free;
     b.generation += 1;
     // The FreeTensor/AllocTensor event: the consumer is done with the buffer.
@@ -179,8 +199,7 @@ class TPipe {
     }
     core_->ub_used = 0;
     core_->buffers_total = 0;
-    std::fill(std::begin(core_->que_buffers_per_position),
-              std::end(core_->que_buffers_per_position), 0);
+    std::fill(std::begin(core_->events_in_use), std::end(core_->events_in_use), 0);
     core_->pipes_alive = 0;
   }
   TPipe(const TPipe&) = delete;
@@ -211,6 +230,7 @@ inline int carve(Core& c, const TPipe& pipe, int position, uint8_t num,
       c.pipes_alive == 0) {
     c.fail(api, ": the TPipe is not this core's live pipe");
   }
+  // TPipe/InitBuffer.md, kernel_tpipe_impl.h: num in [1, QBUF_MAX_LEN], len > 0.
   if (num == 0 || len == 0) c.fail(api, ": num = ", int(num), ", len = ", len, " must be > 0");
   const int64_t each = ceil32(len);
   const int64_t need = each * num;
@@ -223,13 +243,13 @@ inline int carve(Core& c, const TPipe& pipe, int position, uint8_t num,
     c.fail(api, ": more than ", lmca::sim::kMaxBuffersPerKernel,
            " buffers in one kernel");
   }
-  if (o.is_queue) {
-    int& per = c.que_buffers_per_position[position];
-    if (per + num > lmca::sim::kMaxQueBuffersPerPosition) {
-      c.fail(api, ": more than ", lmca::sim::kMaxQueBuffersPerPosition,
-             " queue buffers on one TPosition");
+  // Depth-0 (in-place) queues take both event ids of every buffer here and
+  // keep them for the TPipe's life (kernel_tpipe_impl.h, InitBuffer).
+  if (o.is_queue && o.depth == 0) {
+    for (int i = 0; i < num; ++i) {
+      c.alloc_event(o.enque_event, api);
+      c.alloc_event(o.free_event, api);
     }
-    per += num;
   }
   const int id = static_cast<int>(c.owners.size());
   for (int i = 0; i < num; ++i) {
@@ -254,12 +274,26 @@ template <TPosition src, TPosition dst, int32_t depth, auto mask = 0>
 class TQueBind {
   static_assert(sim_detail::binding(src, dst) >= 0,
                 "queue binding outside the simulated subset");
-  static_assert(depth >= 1, "depth 0 (in-place tensors) is not simulated");
+  static_assert(depth >= 0, "queue depth must be >= 0");
 
  public:
+  // Depth 0 is the in-place form (TQue简介.md): AllocTensor(LocalTensor&)
+  // and DeQue(LocalTensor&); the others need depth >= 1, as in
+  // kernel_tquebind_impl.h.
   template <typename T>
   __aicore__ inline LocalTensor<T> AllocTensor() {
+    static_assert(depth != 0, "must use AllocTensor<LocalTensor&> api while tque's depth is zero");
     return LocalTensor<T>(q_.alloc());
+  }
+  template <typename T>
+  __aicore__ inline void AllocTensor(LocalTensor<T>& tensor) {
+    static_assert(depth == 0, "can not AllocTensor in place while tque's depth is non zero");
+    tensor = LocalTensor<T>(q_.alloc());
+  }
+  template <typename T>
+  __aicore__ inline void DeQue(LocalTensor<T>& tensor) {
+    static_assert(depth == 0, "can not DeQue tensor in place while tque's depth is non zero");
+    tensor = LocalTensor<T>(q_.deque());
   }
   template <typename T>
   __aicore__ inline bool EnQue(const LocalTensor<T>& tensor) {
@@ -268,6 +302,7 @@ class TQueBind {
   }
   template <typename T>
   __aicore__ inline LocalTensor<T> DeQue() {
+    static_assert(depth != 0, "must use DeQue<LocalTensor&> api while tque's depth is zero");
     return LocalTensor<T>(q_.deque());
   }
   template <typename T>
@@ -292,7 +327,8 @@ class TQue : public TQueBind<pos == TPosition::VECOUT ? pos : TPosition::GM,
                              depth, mask> {};
 
 // A plain buffer: no events, so pipes sharing it need PipeBarrier<PIPE_ALL>.
-template <TPosition pos>
+// Its position defaults to LCM (= VECCALC), as in kernel_tpipe.h.
+template <TPosition pos = TPosition::LCM>
 class TBuf {
  public:
   template <typename T>

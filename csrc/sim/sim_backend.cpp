@@ -53,7 +53,26 @@ void simulate(Launch& launch, Body&& body) {
   add_stats(launch.stats);
 }
 
+// What the NPU launchers check on the host before a launch.
+Tiling launch_tiling(const Config& cfg) {
+  const std::string why = unsupported_soc_reason(cfg.soc);
+  if (!why.empty()) ops::runtime_error("lmcache_ascend: ", why);
+  return Tiling{tile_bytes_for(cfg), cfg.gather ? 1 : 0};
+}
+
+Launch make_launch(const Config& cfg) {
+  return Launch(cfg.block_dim, cfg.ub_bytes, cfg.task_ratio, npu_arch_of(cfg.soc));
+}
+
 }  // namespace
+
+int npu_arch_of(const std::string& soc) {
+  if (soc.rfind("Ascend310P", 0) == 0) return kArch310P;
+  if (soc.rfind("Ascend910B", 0) == 0 || soc.rfind("Ascend910_93", 0) == 0) return kArchA2;
+  ops::value_error("soc = '", soc, "' is not modeled: valid are Ascend910B* and "
+                   "Ascend910_93* (Atlas A2/A3, __NPU_ARCH__ 2201) and Ascend310P* "
+                   "(__NPU_ARCH__ 2002)");
+}
 
 Session::Session(const Config& cfg) : prev_(g_session), cfg_(cfg) {
   if (cfg.block_dim < 1 || cfg.block_dim > 65535) {
@@ -68,6 +87,15 @@ Session::Session(const Config& cfg) : prev_(g_session), cfg_(cfg) {
     ops::value_error("tile_bytes = ", cfg.tile_bytes,
                      " must be -1 (derive from ub_bytes), 0 (kernel default) or > 0");
   }
+  if (cfg.tile_bytes > 0) {  // the launchers' host check of their tiling word
+    const std::string why = tile_bytes_problem(cfg.tile_bytes, cfg.ub_bytes);
+    if (!why.empty()) ops::value_error("tile_bytes = ", cfg.tile_bytes, ": ", why);
+  }
+  if (cfg.task_ratio != 1 && cfg.task_ratio != 2) {
+    ops::value_error("task_ratio = ", cfg.task_ratio, " must be 1 (AIV-only launch) "
+                     "or 2 (MIX launch, AIC:AIV 1:2)");
+  }
+  npu_arch_of(cfg.soc);
   stats_.tile_bytes = tile_bytes_or_default(tile_bytes_for(cfg));
   g_session = this;
 }
@@ -94,10 +122,13 @@ void add_stats(const Stats& s) {
   t.ub_peak_bytes = std::max(t.ub_peak_bytes, s.ub_peak_bytes);
   t.scalar_gm_reads += s.scalar_gm_reads;
   t.max_queue_occupancy = std::max(t.max_queue_occupancy, s.max_queue_occupancy);
+  t.bursts_in += s.bursts_in;
+  t.bursts_out += s.bursts_out;
+  t.task_type = s.task_type;
 }
 
 int64_t tile_bytes_for(const Config& cfg) {
-  return cfg.tile_bytes >= 0 ? cfg.tile_bytes : ub_tile_bytes(cfg.ub_bytes);
+  return cfg.tile_bytes >= 0 ? cfg.tile_bytes : launch_tile_bytes(cfg.ub_bytes);
 }
 
 }  // namespace lmca::sim
@@ -109,10 +140,10 @@ bool built() { return true; }
 void token_rows(const TokenRowsLaunch& L) {
   if (L.num_layers == 0 || L.num_tokens == 0) return;  // as the NPU launcher
   const sim::Config& cfg = sim::active_config();
-  std::vector<int64_t> meta = token_rows_meta(L, sim::tile_bytes_for(cfg));
+  std::vector<int64_t> meta = token_rows_meta(L, sim::launch_tiling(cfg));
   const at::Tensor ptrs = sim::words(L.layer_ptrs);
   const at::Tensor slots = sim::words(L.slots);
-  sim::Launch launch(cfg.block_dim, cfg.ub_bytes);
+  sim::Launch launch = sim::make_launch(cfg);
   launch.add_region(meta.data(), int64_t(meta.size()) * 8, "meta");
   sim::add_words(launch, ptrs, "layer_ptrs");
   sim::add_words(launch, slots, "slot_mapping");
@@ -135,9 +166,9 @@ void multi_plane(const MultiPlaneLaunch& L) {
   const int64_t P = L.num_planes;
   if (L.num_layers == 0 || L.slot_offsets[P] == 0) return;  // as the NPU launcher
   const sim::Config& cfg = sim::active_config();
-  std::vector<int64_t> meta = multi_plane_meta(L, sim::tile_bytes_for(cfg));
+  std::vector<int64_t> meta = multi_plane_meta(L, sim::launch_tiling(cfg));
   const at::Tensor slots = sim::words(L.slots);
-  sim::Launch launch(cfg.block_dim, cfg.ub_bytes);
+  sim::Launch launch = sim::make_launch(cfg);
   launch.add_region(meta.data(), int64_t(meta.size()) * 8, "meta");
   sim::add_words(launch, slots, "slot_mapping");
   launch.add_region(L.chunk.data_ptr(), L.num_layers * L.plane_prefix[P], "chunk");
@@ -157,9 +188,9 @@ void multi_plane(const MultiPlaneLaunch& L) {
 void block_pages(const BlockPagesLaunch& L) {
   if (L.num_layers == 0 || L.num_pages == 0) return;  // as the NPU launcher
   const sim::Config& cfg = sim::active_config();
-  std::vector<int64_t> meta = block_pages_meta(L, sim::tile_bytes_for(cfg));
+  std::vector<int64_t> meta = block_pages_meta(L, sim::launch_tiling(cfg));
   const at::Tensor ids = sim::words(L.block_ids);
-  sim::Launch launch(cfg.block_dim, cfg.ub_bytes);
+  sim::Launch launch = sim::make_launch(cfg);
   launch.add_region(meta.data(), int64_t(meta.size()) * 8, "meta");
   sim::add_words(launch, ids, "block_ids");
   launch.add_region(L.chunk.data_ptr(), L.num_layers * L.num_pages * row_bytes(L.geom),

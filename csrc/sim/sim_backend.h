@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "sim_core.h"
 
@@ -17,8 +18,14 @@ namespace lmca::sim {
 struct Config {
   int64_t block_dim = 40;  // vector cores of a 20-AI-core Atlas A2
   int64_t ub_bytes = kDefaultUbBytes;
-  int64_t tile_bytes = -1;  // -1: ub_tile_bytes(ub_bytes); 0: kernel default
+  int64_t tile_bytes = -1;  // -1: launch_tile_bytes(ub_bytes); 0: kernel default
+  int64_t task_ratio = 1;   // 1: AIV-only launch; 2: MIX, AIC:AIV 1:2
+  std::string soc = "Ascend910B1";
+  bool gather = true;       // the tiling word launchers send (see copy_kernels.h)
 };
+
+// __NPU_ARCH__ of a SoC name the simulation models (ValueError otherwise).
+int npu_arch_of(const std::string& soc);
 
 class Session {
  public:

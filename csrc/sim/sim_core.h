@@ -30,9 +30,25 @@ class Violation : public std::runtime_error {
 
 // Hardware parameters of the modeled SoC (Atlas A2/A3 vector core).
 constexpr int64_t kDefaultUbBytes = 192 * 1024;
-constexpr int64_t kUbBlock = 32;              // UB addressing unit
-constexpr int kMaxBuffersPerKernel = 64;      // InitBuffer: all buffers
-constexpr int kMaxQueBuffersPerPosition = 8;  // InitBuffer: A2, per TPosition
+constexpr int64_t kUbBlock = 32;          // UB addressing unit
+constexpr int kMaxBuffersPerKernel = 64;  // QBUF_MAX_LEN (impl/basic_api/kernel_macros.h)
+// QUE_MAX_EVENT (kernel_macros.h): event ids per HardEvent kind a TPipe can
+// hand out at once on __NPU_ARCH__ 2201 (A2/A3) and 2002 (310P).
+constexpr int kQueMaxEvent = 8;
+// __NPU_ARCH__ of the modeled chips: DataCopyPad between GM and UB exists on
+// 2201 only (DataCopyPad docs: "Atlas 推理系列产品 AI Core: 不支持").
+constexpr int kArchA2 = 2201;
+constexpr int kArch310P = 2002;
+
+// The HardEvent kinds the modeled queues use (impl/basic_api/kernel_event.h,
+// GetQueEvt): EnQue/DeQue forward events and FreeTensor/AllocTensor
+// backward events of TQueBind<VECIN, VECOUT>, TQue<VECIN>, TQue<VECOUT>.
+enum class HardEvent : uint8_t { MTE2_MTE3, MTE3_MTE2, MTE2_V, V_MTE2, V_MTE3, MTE3_V, kKinds };
+inline const char* event_name(HardEvent e) {
+  static const char* const names[] = {"MTE2_MTE3", "MTE3_MTE2", "MTE2_V",
+                                      "V_MTE2",    "V_MTE3",    "MTE3_V"};
+  return names[int(e)];
+}
 
 // Pipes that touch UB in the modeled subset.  S (scalar) accesses are
 // synchronous; MTE2 (GM->UB), MTE3 (UB->GM) and V run asynchronously and are
@@ -70,6 +86,7 @@ struct UbBuffer {
   int8_t writer = -1;
   uint8_t visible = kAllPipes;
   uint8_t readers = 0;
+  bool holds_free_event = false;  // FreeTensor's event id, released by AllocTensor
 };
 
 // A queue or TBuf that owns buffers.
@@ -78,6 +95,7 @@ struct Owner {
   bool is_queue = true;
   int depth = 0;
   Pipe producer = Pipe::MTE2, consumer = Pipe::MTE3;
+  HardEvent enque_event = HardEvent::MTE2_MTE3, free_event = HardEvent::MTE3_MTE2;
   std::vector<int> buffers;  // indices into Core::bufs
   std::vector<int> fifo;     // enqueued buffers, oldest first
   size_t next = 0;           // round-robin start for AllocTensor
@@ -89,6 +107,10 @@ struct Stats {
   int64_t copies_in = 0, copies_out = 0, bytes_in = 0, bytes_out = 0;
   int64_t max_copy_bytes = 0, ub_peak_bytes = 0, scalar_gm_reads = 0;
   int64_t max_queue_occupancy = 0, tile_bytes = 0;
+  // DMA bursts: contiguous GM byte ranges per DataCopy/DataCopyPad (blocks
+  // with no GM gap between them form one burst); copies_* count instructions.
+  int64_t bursts_in = 0, bursts_out = 0;
+  int64_t task_type = -1;  // KERNEL_TASK_TYPE_DEFAULT the kernel declared (-1: none)
 };
 
 struct GmRegion {
@@ -104,8 +126,14 @@ struct GmAccess {
 
 class Launch {
  public:
-  Launch(int64_t block_dim, int64_t ub_bytes)
-      : block_dim(block_dim), ub_bytes(ub_bytes) {}
+  // task_ratio: AIV bodies per logical core.  1 = AIV-only launch
+  // (GetBlockIdx in [0, block_dim)); 2 = MIX launch with AIC:AIV 1:2, where
+  // the vector cores' GetBlockIdx spans [0, 2 * block_dim) while GetBlockNum
+  // stays block_dim (GetBlockIdx / GetBlockNum docs).
+  Launch(int64_t block_dim, int64_t ub_bytes, int64_t task_ratio = 1,
+         int npu_arch = kArchA2)
+      : block_dim(block_dim), ub_bytes(ub_bytes), task_ratio(task_ratio),
+        npu_arch(npu_arch) {}
 
   // A buffer the kernel may touch (a launch argument, or what a pointer
   // table points at); `bytes` is what its geometry allows, not more.
@@ -175,6 +203,8 @@ class Launch {
 
   const int64_t block_dim;
   const int64_t ub_bytes;
+  const int64_t task_ratio;
+  const int npu_arch;
   Stats stats;
 
  private:
@@ -192,7 +222,7 @@ class Core {
   template <typename... Parts>
   [[noreturn]] void fail(const Parts&... parts) const {
     throw Violation(cat("AscendC simulation: core ", idx, " of ",
-                        launch.block_dim, ": ", parts...));
+                        launch.block_dim * launch.task_ratio, ": ", parts...));
   }
 
   // Errors found in destructors (a leaked tensor at kernel end) cannot be
@@ -209,11 +239,25 @@ class Core {
   std::vector<Owner> owners;
   int64_t ub_used = 0;
   int buffers_total = 0;
-  int que_buffers_per_position[32] = {};
+  int events_in_use[int(HardEvent::kKinds)] = {};  // of the live TPipe
   int pipes_alive = 0;
   uint32_t pipe_serial = 0;  // identifies the live TPipe
   bool did_copy = false;
   std::string deferred;
+
+  // TPipe::AllocEventID / ReleaseEventID (kernel_tpipe_impl.h): a kind has
+  // QUE_MAX_EVENT ids; taking one more is an error there (an assert in the
+  // CPU-debug build, undefined synchronisation on the NPU).
+  void alloc_event(HardEvent e, const char* api) {
+    int& n = events_in_use[int(e)];
+    if (n >= kQueMaxEvent) {
+      fail(api, ": all ", kQueMaxEvent, " event ids of HardEvent::", event_name(e),
+           " are in use (QUE_MAX_EVENT); each enqueued tensor holds one forward "
+           "event and each freed but not re-allocated buffer one backward event");
+    }
+    ++n;
+  }
+  void release_event(HardEvent e) { --events_in_use[int(e)]; }
 };
 
 inline Core*& current_slot() {
@@ -247,7 +291,7 @@ class CoreScope {
 // block index and a fresh UB, then checks GM races across all cores.
 template <typename Body>
 void run_cores(Launch& launch, Body&& body) {
-  for (int64_t i = 0; i < launch.block_dim; ++i) {
+  for (int64_t i = 0; i < launch.block_dim * launch.task_ratio; ++i) {
     Core core(launch, i);
     {
       CoreScope scope(core);

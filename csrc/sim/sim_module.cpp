@@ -35,14 +35,24 @@ py::dict to_dict(const Stats& s) {
   d["scalar_gm_reads"] = s.scalar_gm_reads;
   d["max_queue_occupancy"] = s.max_queue_occupancy;
   d["tile_bytes"] = s.tile_bytes;
+  d["bursts_in"] = s.bursts_in;
+  d["bursts_out"] = s.bursts_out;
+  d["task_type"] = s.task_type;
   return d;
 }
 
-// op(args...) on a simulated machine given by three trailing arguments.
+Config machine(int64_t block_dim, int64_t ub_bytes, int64_t tile_bytes,
+               int64_t task_ratio, const std::string& soc, bool gather) {
+  return Config{block_dim, ub_bytes, tile_bytes, task_ratio, soc, gather};
+}
+
+// op(args...) on a simulated machine given by the trailing arguments.
 template <typename... A>
 auto simulated(void (*op)(A...)) {
-  return [op](A... args, int64_t block_dim, int64_t ub_bytes, int64_t tile_bytes) {
-    lmca::sim::Session session(Config{block_dim, ub_bytes, tile_bytes});
+  return [op](A... args, int64_t block_dim, int64_t ub_bytes, int64_t tile_bytes,
+              int64_t task_ratio, const std::string& soc, bool gather) {
+    lmca::sim::Session session(
+        machine(block_dim, ub_bytes, tile_bytes, task_ratio, soc, gather));
     op(args...);
     return to_dict(session.stats());
   };
@@ -53,10 +63,13 @@ The AscendC kernels of lmcache_ascend.ops, compiled for the host against a
 simulation of the AscendC API and run on simulated AI cores (one after
 another, each with its own block index and Unified Buffer).  Ops mirror
 lmcache_ascend.ops (same arguments, CPU tensors) plus keyword-only
-block_dim (cores), ub_bytes (UB per core, default 192 KiB) and tile_bytes
-(-1: derived from ub_bytes as a launcher would; 0: what a launcher that
-leaves the tiling word unset sends).  They return counters (copies, bytes,
-largest single copy, UB peak, ...).  Broken hardware rules raise
+block_dim (cores), ub_bytes (UB per core, default 192 KiB), tile_bytes
+(-1: derived from ub_bytes as a launcher does; 0: what a launcher that
+leaves the tiling word unset sends), task_ratio (1: AIV-only launch; 2: MIX
+launch, GetBlockIdx over [0, 2 * block_dim)), soc (default Ascend910B1) and
+gather (False: every span moved on its own, the kernels' former strategy).
+They return counters (copies, DMA bursts, bytes, largest single copy, UB
+peak, declared kernel type, ...).  Broken hardware rules raise
 RuntimeError.  See docs/kernels.md, "AscendC simulation".
 )doc";
 
@@ -69,9 +82,11 @@ PYBIND11_MODULE(lmca_ascend_sim, m) {
   // Checked by tests/kernels/sim_module.py against the running torch.
   m.attr("_torch_version") = LMCA_TORCH_VERSION;
   const int64_t kDim = Config{}.block_dim, kUb = Config{}.ub_bytes;
-#define LMCA_SIM_MACHINE                                               \
-  py::kw_only(), py::arg("block_dim") = kDim, py::arg("ub_bytes") = kUb, \
-      py::arg("tile_bytes") = -1
+  const std::string kSoc = Config{}.soc;
+#define LMCA_SIM_MACHINE                                                    \
+  py::kw_only(), py::arg("block_dim") = kDim, py::arg("ub_bytes") = kUb,      \
+      py::arg("tile_bytes") = -1, py::arg("task_ratio") = 1,                  \
+      py::arg("soc") = kSoc, py::arg("gather") = true
 
   m.def("multi_layer_kv_transfer", simulated(&multi_layer_kv_transfer),
         py::arg("key_value"), py::arg("key_value_ptrs"),
@@ -108,9 +123,10 @@ PYBIND11_MODULE(lmca_ascend_sim, m) {
 
   m.def(
       "run_planted_violation",
-      [](const std::string& name, int64_t block_dim, int64_t ub_bytes, int64_t tile_bytes) {
+      [](const std::string& name, int64_t block_dim, int64_t ub_bytes, int64_t tile_bytes,
+         int64_t task_ratio, const std::string& soc, bool gather) {
         return to_dict(lmca::sim::run_planted_violation(
-            name, Config{block_dim, ub_bytes, tile_bytes}));
+            name, machine(block_dim, ub_bytes, tile_bytes, task_ratio, soc, gather)));
       },
       "Run a small kernel that breaks one modeled rule ('control' breaks "
       "none); the simulation raises RuntimeError for each violation.",
@@ -119,7 +135,10 @@ PYBIND11_MODULE(lmca_ascend_sim, m) {
 
   m.def("planted_violation_names", &lmca::sim::planted_violation_names);
   m.def("ub_tile_bytes", [](int64_t ub_bytes) { return lmca::ub_tile_bytes(ub_bytes); },
-        "UB tile a launcher derives from the UB size (two tiles fit).",
+        "Largest tile such that two (double buffering) fit ub_bytes.",
+        py::arg("ub_bytes"));
+  m.def("launch_tile_bytes", [](int64_t ub_bytes) { return lmca::launch_tile_bytes(ub_bytes); },
+        "UB tile a launcher derives from the UB capacity (two tiles plus headroom).",
         py::arg("ub_bytes"));
   m.attr("DEFAULT_BLOCK_DIM") = kDim;
   m.attr("DEFAULT_UB_BYTES") = kUb;

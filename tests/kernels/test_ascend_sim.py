@@ -32,8 +32,10 @@ class Machine:
     """Stands in for lmcache_ascend.ops: every op runs on one simulated
     machine and its counters are kept in `runs`."""
 
-    def __init__(self, block_dim: int, ub_bytes: int, tile_bytes: int = -1):
+    def __init__(self, block_dim: int, ub_bytes: int, tile_bytes: int = -1,
+                 task_ratio: int = 1, gather: bool = True):
         self.block_dim, self.ub_bytes, self.tile_bytes = block_dim, ub_bytes, tile_bytes
+        self.task_ratio, self.gather = task_ratio, gather
         self.runs: list[dict] = []
 
     def __getattr__(self, name):
@@ -41,19 +43,25 @@ class Machine:
 
         def call(*args, **kwargs):
             self.runs.append(op(*args, **kwargs, block_dim=self.block_dim,
-                                ub_bytes=self.ub_bytes, tile_bytes=self.tile_bytes))
+                                ub_bytes=self.ub_bytes, tile_bytes=self.tile_bytes,
+                                task_ratio=self.task_ratio, gather=self.gather))
 
         return call
 
     def __repr__(self) -> str:
-        return f"cores{self.block_dim}-ub{self.ub_bytes}"
+        mix = "-mix" if self.task_ratio == 2 else ""
+        spans = "" if self.gather else "-spans"
+        return f"cores{self.block_dim}-ub{self.ub_bytes}{mix}{spans}"
 
 
-# (block_dim, UB bytes): the default 192 KiB UB (96 KiB tiles) on 1..40
-# cores, then UBs whose tiles (half the UB) are 512, 128 and 32 bytes, so
-# 584- and 132-byte rows, HND heads and pages are copied in several pieces.
+# (block_dim, UB bytes, tile, task ratio, gather): the default 192 KiB UB
+# (92 KiB tiles) on 1..40 cores, then UBs whose tiles are 448, 96 and 32
+# bytes, so 584- and 132-byte rows, HND heads and pages are copied in several
+# pieces; MIX launches (GetBlockIdx over twice the cores); and every span
+# moved on its own (no gathering).
 MACHINES = [(1, 192 * KIB), (4, 192 * KIB), (20, 192 * KIB), (40, 192 * KIB),
-            (4, 1 * KIB), (20, 256), (40, 64), (1, 96)]
+            (4, 1 * KIB), (20, 256), (40, 64), (1, 96),
+            (20, 192 * KIB, -1, 2), (40, 256, -1, 2), (4, 192 * KIB, -1, 1, False)]
 MACHINE_IDS = [repr(Machine(*m)) for m in MACHINES]
 
 
@@ -141,18 +149,20 @@ def _dsv4_store(machine: Machine):
 
 
 def test_rows_wider_than_a_tile_move_in_pieces():
-    """584-byte rows on a 256-byte UB (128-byte tiles): every copy is at
-    most one tile and there are more copies than rows."""
+    """584-byte rows on a 256-byte UB (96-byte tiles: a tile smaller than a
+    row): every copy is at most one tile and there are more copies than
+    rows."""
     run = _dsv4_store(Machine(20, 256))
-    assert run["tile_bytes"] == 128 == sim.ub_tile_bytes(256)
-    assert run["max_copy_bytes"] == 128
+    assert run["tile_bytes"] == 96 == sim.launch_tile_bytes(256)
+    assert run["max_copy_bytes"] == 96
     assert run["copies_in"] == run["copies_out"] > 61 * (64 + 64 + 3)
-    assert run["ub_peak_bytes"] == 256 and run["max_queue_occupancy"] == 1
+    assert run["ub_peak_bytes"] == 192 and run["max_queue_occupancy"] == 1
 
 
 def test_default_ub_moves_whole_runs_on_every_core():
     run = _dsv4_store(Machine(40, 192 * KIB))
-    assert run["tile_bytes"] == 96 * KIB and run["ub_peak_bytes"] == 192 * KIB
+    assert run["tile_bytes"] == 92 * KIB == sim.launch_tile_bytes(192 * KIB)
+    assert run["ub_peak_bytes"] == 184 * KIB  # two tiles; 8 KiB left as headroom
     assert run["active_cores"] == 40 and run["cores_run"] == 40
     assert run["bytes_in"] == run["bytes_out"] > 0
 

@@ -12,22 +12,50 @@
 namespace lmca {
 
 // ---- UB tiling -------------------------------------------------------------
-// The copy kernels stage spans through UB in tiles, kUbBuffers tiles at once
-// (double buffering).  The tile size is tiling data: the host derives it from
-// the SoC's UB capacity with ub_tile_bytes() and passes it in the meta word
-// k*TileBytes.  A launcher that leaves the word 0 gets kDefaultUbTileBytes,
-// which fits the 192 KiB UB of Atlas A2/A3 vector cores.
+// The copy kernels stage data through UB in tiles, kUbBuffers tiles at once
+// (double buffering).  The tile size is tiling data: the launcher derives it
+// from the SoC's UB capacity (GetCoreMemSize) with launch_tile_bytes(),
+// checks it with tile_bytes_error(), and passes it in the meta word
+// k*TileBytes.  A word left 0 gets kDefaultUbTileBytes, which fits the
+// 192 KiB UB of Atlas A2/A3 vector cores only.
 constexpr int64_t kUbBuffers = 2;
 constexpr int64_t kUbBlockBytes = 32;  // UB addresses/sizes are in 32 B blocks
 constexpr int64_t kDefaultUbTileBytes = 64 * 1024;
 // DataCopyExtParams.blockLen is 21 bits wide: one copy moves < 2 MiB.
 constexpr int64_t kMaxCopyBytes = (int64_t{1} << 21) - 1;
+// DataCopyExtParams.blockCount is at most 4095.
+constexpr int64_t kMaxCopyBlocks = 4095;
+// UB the launcher leaves unused: the tiles never take the whole UB, so a
+// framework or runtime reservation (e.g. for DumpTensor/printf) or a later
+// small buffer still fits.  Capped at 1/8 of the UB for the tiny UBs the
+// simulation tests with.
+constexpr int64_t kUbHeadroomBytes = 8 * 1024;
 
 // Largest tile such that kUbBuffers tiles fit in ub_bytes (0 if none does).
 LMCA_INLINE int64_t ub_tile_bytes(int64_t ub_bytes) {
   int64_t tile = ub_bytes / kUbBuffers / kUbBlockBytes * kUbBlockBytes;
   const int64_t cap = kMaxCopyBytes / kUbBlockBytes * kUbBlockBytes;
   return tile < cap ? tile : cap;
+}
+
+LMCA_INLINE int64_t ub_headroom_bytes(int64_t ub_bytes) {
+  const int64_t eighth = ub_bytes / 8 / kUbBlockBytes * kUbBlockBytes;
+  return eighth < kUbHeadroomBytes ? eighth : kUbHeadroomBytes;
+}
+
+// The tile a launcher uses for a UB of ub_bytes (GetCoreMemSize(UB)).
+LMCA_INLINE int64_t launch_tile_bytes(int64_t ub_bytes) {
+  return ub_tile_bytes(ub_bytes - ub_headroom_bytes(ub_bytes));
+}
+
+// Host check of a tile word: 0 if usable on a UB of ub_bytes, else which
+// condition fails (1: not a positive multiple of 32; 2: kUbBuffers tiles
+// exceed the UB; 3: above one copy's blockLen limit).
+LMCA_INLINE int tile_bytes_error(int64_t tile, int64_t ub_bytes) {
+  if (tile <= 0 || tile % kUbBlockBytes != 0) return 1;
+  if (tile * kUbBuffers > ub_bytes) return 2;
+  if (tile > kMaxCopyBytes) return 3;
+  return 0;
 }
 
 LMCA_INLINE int64_t tile_bytes_or_default(int64_t word) {
@@ -87,6 +115,7 @@ enum TokenRowsWord : int64_t {
   kTrChunkLayerStride,
   kTrToChunk,
   kTrTileBytes,
+  kTrGather,  // 1: gather rows of several runs per tile (see copy_kernels.h)
   kTokenRowsWords
 };
 
@@ -97,6 +126,7 @@ enum MultiPlaneWord : int64_t {
   kMpNumPlanes,
   kMpToChunk,
   kMpTileBytes,
+  kMpGather,
   kMpHeaderWords
 };
 
@@ -123,6 +153,7 @@ enum BlockPagesWord : int64_t {
   kBpPageBytes,
   kBpToChunk,
   kBpTileBytes,
+  kBpGather,
   kBpHeaderWords
 };
 
