@@ -9,6 +9,11 @@ Measured in one run on the same bytes:
     needs one torch_ops call per plane (MLA format on uint8 rows).
   * Ceiling: torch.Tensor.copy_ of equally many contiguous bytes.
 
+Then, when the test-only AscendC simulation is built (LMCA_BUILD_ASCEND_SIM=1,
+`make build`), the DMA bursts per chunk the AscendC kernels issue for the same
+two cases, gathered (what launchers send) versus span by span (the kernels'
+former strategy): counts, not timings (no NPU here).
+
 Usage: python bench/bench_kernels.py [--threads 2] [--repeat 15]
 """
 
@@ -21,12 +26,18 @@ import statistics
 import subprocess
 import time
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import torch
 from lmcache.lmcache_native import EngineKVFormat, TransferDirection
 from lmcache.v1.platform import torch_ops
 
 import lmcache_ascend.ops as ops
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernels"))
+import sim_module  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -61,7 +72,7 @@ def shuffled_slots(num_tokens: int, block_size: int, num_blocks: int, gen) -> to
     return slots[:num_tokens].to(torch.int64)
 
 
-def token_rows_case(gen) -> tuple[int, dict[str, object]]:
+def token_rows_case(gen, native=ops) -> tuple[int, dict[str, object]]:
     nl, nh, hs, bs, tokens, nb = 32, 8, 128, 16, 256, 128
     h = nh * hs
     fmt = EngineKVFormat.NL_X_TWO_NB_BS_NH_HS
@@ -74,7 +85,7 @@ def token_rows_case(gen) -> tuple[int, dict[str, object]]:
 
     # `keep` holds the pools: the op only sees their raw addresses.
     def ours(direction):
-        return lambda _keep=layers: ops.multi_layer_kv_transfer(
+        return lambda _keep=layers: native.multi_layer_kv_transfer(
             kv, ptrs, slots, CPU, nb * bs, direction, fmt, block_size=bs, head_size=hs)
 
     def base(direction):
@@ -94,7 +105,7 @@ def token_rows_case(gen) -> tuple[int, dict[str, object]]:
 DSV4_PLANES = [(64, 584, 64), (64, 132, 64), (64, 1024, 128), (8, 584, 2)]
 
 
-def multi_plane_case(gen) -> tuple[int, dict[str, object]]:
+def multi_plane_case(gen, native=ops) -> tuple[int, dict[str, object]]:
     nl, nb = 43, 64
     pools = [[torch.randint(0, 255, (nb * bs * rb,), dtype=torch.uint8) for bs, rb, _ in DSV4_PLANES]
              for _ in range(nl)]
@@ -122,7 +133,7 @@ def multi_plane_case(gen) -> tuple[int, dict[str, object]]:
 
     # `keep` holds the pools: the op only sees their raw addresses.
     def ours(to_chunk):
-        return lambda _keep=pools: ops.multi_plane_kv_transfer(chunk, to_chunk=to_chunk, **args)
+        return lambda _keep=pools: native.multi_plane_kv_transfer(chunk, to_chunk=to_chunk, **args)
 
     def base(direction):
         def run():
@@ -166,6 +177,28 @@ def report(title: str, nbytes: int, times: dict[str, float]) -> None:
         print(f"  ours / torch baseline ({d}): {ratio:.1f}x")
 
 
+def bursts_per_chunk(case, seed: int) -> dict[str, dict[str, int]]:
+    """DMA bursts and copies of one chunk's store and load on the simulated
+    NPU (40 vector cores, 192 KiB UB), gathered and span by span."""
+    sim = sim_module.load()
+    out: dict[str, dict[str, int]] = {}
+    for mode, gather in (("spans", False), ("gathered", True)):
+        for d in ("store", "load"):
+            sim_ops = sim_module.SimOps(sim, gather=gather)
+            _, fns = case(torch.Generator().manual_seed(seed), sim_ops)
+            fns[f"ours {d}"]()
+            out[f"{mode} {d}"] = dict(sim_ops.totals)
+    return out
+
+
+def report_bursts(title: str, counts: dict[str, dict[str, int]]) -> None:
+    print(f"\n{title}: DMA per chunk on the AscendC simulation (40 cores, 192 KiB UB)")
+    print(f"  {'kernel strategy':<24}{'bursts':>8}{'copies':>8}")
+    for name, c in counts.items():
+        print(f"  {name:<24}{c['bursts_in'] + c['bursts_out']:>8}"
+              f"{c['copies_in'] + c['copies_out']:>8}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -182,6 +215,11 @@ def main() -> None:
     nbytes, fns = multi_plane_case(gen)
     report("DSv4-like multi-plane (43 layers, 4 planes, 256 tokens)", nbytes,
            timed_interleaved(fns, a.repeat))
+    if not sim_module.built():
+        print(f"\nDMA bursts: skipped, {sim_module.HOW_TO_BUILD}")
+        return
+    report_bursts("Llama-like token rows", bursts_per_chunk(token_rows_case, 0))
+    report_bursts("DSv4-like multi-plane", bursts_per_chunk(multi_plane_case, 0))
 
 
 if __name__ == "__main__":

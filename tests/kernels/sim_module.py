@@ -51,3 +51,27 @@ def require() -> ModuleType:
     if not built():
         pytest.skip(f"AscendC simulation not built: {HOW_TO_BUILD}", allow_module_level=True)
     return load()
+
+
+class SimOps:
+    """Stands in for lmcache_ascend.ops (e.g. as ChunkTransfer's ``ops``):
+    every op runs on the simulation with the keyword-only ``machine``
+    arguments, and the counters of all calls are summed in ``totals``."""
+
+    COUNTERS = ("launches", "copies_in", "copies_out", "bursts_in", "bursts_out",
+                "bytes_in", "bytes_out")
+
+    def __init__(self, module: ModuleType, **machine) -> None:
+        self.module, self.machine = module, machine
+        self.totals = dict.fromkeys(self.COUNTERS, 0)
+
+    def __getattr__(self, name: str):
+        op = getattr(self.module, name)  # AttributeError for ops the simulation lacks
+
+        def call(*args, **kwargs):
+            run = op(*args, **kwargs, **self.machine)
+            for key in self.COUNTERS:
+                self.totals[key] += run[key]
+            return run
+
+        return call

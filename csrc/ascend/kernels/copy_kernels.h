@@ -99,7 +99,7 @@ class RowMover {
         }
         MoveRun(g, paged, chunk, row, slot, n);
       } else {
-        while (row + n < hi && n < per_tile && slot_ok(g, slots(row + n))) ++n;
+        n = BatchRows(g, row, hi, per_tile, slots);
         MoveBatch(g, paged, chunk, row, n, slots);
       }
       row += n;
@@ -121,6 +121,29 @@ class RowMover {
     const int64_t rows = tile_ / (g.num_segs * ceil_block(b));
     const int64_t cap = kMaxCopyBlocks / g.num_segs;
     return rows < cap ? rows : cap;
+  }
+
+  // Rows from `row` (its slot usable) that one tile takes: whole runs while
+  // they fit, so gathering never cuts a run a tile could hold; a run longer
+  // than a tile fills it and continues in the next.
+  __aicore__ inline int64_t BatchRows(const PlaneGeom& g, int64_t row, int64_t hi,
+                                      int64_t per_tile, const SlotList& slots) const {
+    int64_t n = 0;
+    while (n < per_tile && row + n < hi) {
+      const int64_t first = slots(row + n);
+      if (!slot_ok(g, first)) break;
+      const int64_t room = per_tile - n;
+      int64_t m = 1;
+      while (m < room && row + n + m < hi &&
+             slot_extends_run(first + m - 1, slots(row + n + m), g.block_size)) {
+        ++m;
+      }
+      const bool cut = m == room && row + n + m < hi &&
+                       slot_extends_run(first + m - 1, slots(row + n + m), g.block_size);
+      if (cut && n > 0) break;
+      n += m;
+    }
+    return n;
   }
 
   // One DataCopyPad of `count` blocks of `len` bytes, `gm_gap` bytes apart
