@@ -6,6 +6,12 @@ The layouts are the test fixtures (tests/fixtures/layouts.py), with their
 decoder layers replicated to a realistic depth. Prints markdown tables.
 
     python bench/bench_layouts.py [--repeat N] [--ops native|reference] [--json]
+    python bench/bench_layouts.py --bursts   # needs LMCA_BUILD_ASCEND_SIM=1
+
+--bursts prints instead, per layout, the DMA bursts and copies one chunk's
+store and load take on the AscendC simulation (40 vector cores, 192 KiB UB):
+span by span (the kernels' former strategy) and gathered (what launchers
+send now). Counts, not timings: no NPU here.
 """
 
 from __future__ import annotations
@@ -118,6 +124,49 @@ def bench_case(layout: L.Layout, copies: int, ops, repeat: int) -> dict:
     return out
 
 
+def bursts_case(layout: L.Layout, copies: int) -> dict:
+    """Per chunk: DMA bursts and copies of store and load, spans vs gathered."""
+    sys.path.insert(0, str(ROOT / "tests" / "kernels"))
+    import sim_module
+
+    sim = sim_module.load()
+    big, _keep = replicate(layout, copies)
+    built = big.build(True)
+    tables = L.block_tables(big)
+    reqs = [ChunkRequest(s, s + big.chunk_size, tables) for s in range(0, big.num_tokens, big.chunk_size)]
+    plan = build_plan(built.kv_caches, big.groups, big.chunk_size, big.config, big.hints)
+    buffers = [torch.empty(plan.chunk_bytes, dtype=torch.uint8) for _ in reqs]
+    out = {"layout": layout.name, "entries": len(built.kv_caches), "chunks": len(reqs)}
+    for mode, gather in (("spans", False), ("gathered", True)):
+        for d in ("store", "load"):
+            sim_ops = sim_module.SimOps(sim, gather=gather)
+            xfer = ChunkTransfer(plan, sim_ops)
+            for req, buf in zip(reqs, buffers):
+                if d == "store":
+                    assert xfer.store(buf, req).stored
+                else:
+                    xfer.load(buf, req)
+            t = sim_ops.totals
+            out[f"{mode} {d}"] = {
+                "bursts": (t["bursts_in"] + t["bursts_out"]) / len(reqs),
+                "copies": (t["copies_in"] + t["copies_out"]) / len(reqs),
+            }
+    return out
+
+
+def print_bursts(results: list[dict]) -> None:
+    print("DMA per chunk on the AscendC simulation (40 vector cores, 192 KiB UB): "
+          "bursts (copies)\n")
+    print("| layout | layer entries | store, spans | store, gathered | load, spans | load, gathered |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        cells = " | ".join(
+            f"{r[k]['bursts']:.0f} ({r[k]['copies']:.0f})"
+            for k in ("spans store", "gathered store", "spans load", "gathered load")
+        )
+        print(f"| {r['layout']} | {r['entries']} | {cells} |")
+
+
 def fmt_bytes(n: int) -> str:
     for unit in ("B", "KiB", "MiB"):
         if n < 1024 or unit == "MiB":
@@ -165,7 +214,11 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--ops", choices=("native", "reference"), default="native")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--bursts", action="store_true", help="DMA bursts per chunk on the AscendC simulation")
     args = ap.parse_args()
+    if args.bursts:
+        print_bursts([bursts_case(layout, copies) for layout, copies in CASES])
+        return
     if args.ops == "native":
         ops = importlib.import_module("lmcache_ascend.ops")
     else:
