@@ -90,6 +90,8 @@ struct LocalRef {
   int64_t bytes = 0;  // bytes from `off` to the end of the tensor
 };
 
+// LocalTensor简介.md / TQue AllocTensor.md, DeQue.md: local memory is reached
+// through tensors a queue or TBuf hands out, valid until FreeTensor.
 inline UbBuffer& resolve(Core& c, const LocalRef& r, const char* api) {
   if (r.buf < 0) {
     c.fail(api, ": LocalTensor was not obtained from AllocTensor, DeQue or "
@@ -118,6 +120,8 @@ struct Bursts {
   int64_t lpad = 0, rpad = 0;  // UB padding bytes around the data
 };
 
+// GlobalTensor SetGlobalBuffer.md: a GlobalTensor covers bufferSize elements;
+// DataCopy docs: GM addresses aligned to the element size.
 inline void check_gm(Core& c, uintptr_t gm, uint64_t avail, int64_t elem,
                      const Bursts& b, const char* api) {
   if (gm == 0) c.fail(api, ": GlobalTensor has no buffer (SetGlobalBuffer)");
@@ -139,6 +143,8 @@ inline void check_gm(Core& c, uintptr_t gm, uint64_t avail, int64_t elem,
   }
 }
 
+// DataCopy / DataCopyPad docs: UB addresses 32-byte aligned; each block
+// occupies its 32-byte-rounded span (plus dstStride/srcStride blocks).
 inline void check_ub(Core& c, const LocalRef& r, const UbBuffer& buf,
                      const Bursts& b, const char* api) {
   const int64_t addr = buf.offset + r.off;
@@ -192,6 +198,8 @@ inline void gm_to_ub(const LocalRef& dst, uintptr_t gm, uint64_t avail,
 }
 
 // MTE3: UB -> GM.  Every UB byte stored must have been written.
+// DataCopyPad（UBToGM）.md: the bytes stored are what UB holds; bytes a
+// GM->UB copy left as dummy padding are undefined (DataCopyPad（GMToUB）.md).
 inline void ub_to_gm(uintptr_t gm, uint64_t avail, const LocalRef& src,
                      int64_t elem, const Bursts& b, const char* api) {
   Core& c = lmca::sim::current();
@@ -384,6 +392,8 @@ struct DataCopyPadExtParams {
 };
 
 namespace sim_detail {
+// DataCopy（GM与UB连续数据搬运）.md: blockCount [1, 4095], blockLen [1, 65535]
+// 32-byte blocks; the count form moves count * sizeof(T) bytes, a multiple of 32.
 template <typename T>
 Bursts aligned_bursts(Core& c, const DataCopyParams& p, const char* api) {
   check_range(c, api, "blockCount", p.blockCount, 1, 4095);
@@ -489,6 +499,8 @@ __aicore__ inline void DataCopyPad(const GlobalTensor<T>& dst, const LocalTensor
 
 // Only the full barrier orders different pipes; a single-pipe barrier
 // orders instructions of a pipe the simulation already runs in order.
+// PipeBarrier(ISASI).md: PIPE_ALL waits for every pipe, ordering all prior UB
+// accesses before later ones.
 template <pipe_t pipe>
 __aicore__ inline void PipeBarrier() {
   if constexpr (pipe == PIPE_ALL) {

@@ -68,6 +68,7 @@ class Queue {
     return true;
   }
 
+  // TQue AllocTensor.md: takes a free buffer; none free means a deadlock.
   LocalRef alloc() {
     Core& c = check("AllocTensor");
     Owner& o = c.owners[id_];
@@ -89,6 +90,7 @@ class Queue {
            "are allocated or enqueued; on the NPU the core would wait forever");
   }
 
+  // TQue EnQue.md: hands the tensor from the producing pipe to the consumer.
   void enque(const LocalRef& r) {
     Core& c = check("EnQue");
     UbBuffer& b = own(c, r, "EnQue");
@@ -106,6 +108,7 @@ class Queue {
     s.max_queue_occupancy = std::max<int64_t>(s.max_queue_occupancy, o.fifo.size());
   }
 
+  // TQue DeQue.md: waits for an enqueued tensor (none: a deadlock).
   LocalRef deque() {
     Core& c = check("DeQue");
     Owner& o = c.owners[id_];
@@ -124,6 +127,7 @@ class Queue {
     return LocalRef{&c, i, b.generation, 0, b.bytes};
   }
 
+  // TQue FreeTensor.md: returns a tensor AllocTensor/DeQue gave out.
   void free(const LocalRef& r) {
     Core& c = check("FreeTensor");
     if (r.buf < 0) c.fail("FreeTensor of a LocalTensor that was never allocated");
@@ -173,6 +177,7 @@ class Queue {
 
 class TPipe {
  public:
+  // TPipe/Init.md, InitBuffer.md: one TPipe per kernel manages its UB and events.
   __aicore__ inline TPipe() : core_(&lmca::sim::current()) {
     if (core_->pipes_alive != 0) {
       core_->fail("a second TPipe was created while one is alive");

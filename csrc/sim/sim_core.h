@@ -172,6 +172,9 @@ class Launch {
   // MTE2/MTE3 of one core are ordered only through UB events: a GM byte
   // written in a launch must not be touched by anything else in it, except
   // rewritten by the same core's MTE3 (one pipe, in order).
+  // GetBlockIdx.md, 同步控制/核间同步 (inter-core sync) docs: cores run in
+  // parallel with no ordering unless the kernel synchronises them; within a
+  // core, MTE2 and MTE3 are ordered only by events (核内同步 docs).
   void check_races() const {
     std::vector<GmAccess> v(log_);
     std::sort(v.begin(), v.end(), [](const GmAccess& a, const GmAccess& b) {
@@ -310,6 +313,9 @@ void run_cores(Launch& launch, Body&& body) {
 // Pipe `p` accesses buffer `b`.  A read (or write) needs the last write by
 // another pipe to be visible to p (handed over by a queue event or a
 // barrier); a write also needs other pipes' reads of b to be complete.
+// 同步控制/核内同步 (intra-core synchronisation) docs: MTE2, MTE3, V and S run
+// asynchronously; a queue's EnQue/DeQue and FreeTensor/AllocTensor events or
+// PipeBarrier order their accesses to one buffer.
 inline void ub_touch(Core& c, UbBuffer& b, Pipe p, bool write, const char* api) {
   if (b.writer >= 0 && !(b.visible & pipe_bit(p))) {
     c.fail(api, ": ", pipe_name(p), write ? " writes" : " reads",
