@@ -27,7 +27,7 @@ The plain-copy reference is ``torch.Tensor.copy_`` of the same number of
 bytes, measured in this process right after the engines.
 
 Each connector setting runs in its own engine process (this file re-invoked
-with ``--engine-run``, which calls ``lmcache_ascend.testing.engine_run.run``
+with ``--engine-run``, which calls ``lmcache_ascend.cli.engine_run.run``
 and marks phase boundaries in the log). A round is one engine without the
 connector followed by one with it; rounds alternate so that drift in the
 machine's load hits both alike. Both engines get the same cores
@@ -97,7 +97,7 @@ CHUNK_SET = False
 
 
 def model_specs() -> dict[str, Any]:
-    from lmcache_ascend.testing.tiny_models import TinyModelSpec
+    from lmcache_ascend.cli.tiny_models import TinyModelSpec
 
     common = dict(
         num_layers=12,
@@ -123,7 +123,7 @@ def kv_bytes_per_token(spec) -> int:
 
 
 def prompt(length: int, rep: int) -> list[int]:
-    from lmcache_ascend.testing.tiny_models import token_prompt
+    from lmcache_ascend.cli.tiny_models import token_prompt
 
     return token_prompt(length, seed=1_000 * (rep + 1) + length)
 
@@ -134,7 +134,7 @@ def boundary(length: int) -> int:
 
 
 def boundary_prompt(length: int, rep: int) -> list[int]:
-    from lmcache_ascend.testing.tiny_models import token_prompt
+    from lmcache_ascend.cli.tiny_models import token_prompt
 
     b = boundary(length)
     return prompt(length, rep)[:b] + token_prompt(length - b, seed=900_000 + 1_000 * rep + length)
@@ -148,8 +148,8 @@ def phases(lengths: list[int], reps: range, connector: bool, warm: int = 1, prof
     reset vLLM's prefix cache and (c) load it from LMCache, (d) hit vLLM's
     prefix cache, (e) a prompt that hits vLLM's prefix cache up to the
     LMCache boundary (connector engine only; (d) alone otherwise)."""
-    from lmcache_ascend.testing.engine_run import Phase
-    from lmcache_ascend.testing.tiny_models import token_prompt
+    from lmcache_ascend.cli.engine_run import Phase
+    from lmcache_ascend.cli.tiny_models import token_prompt
 
     def one(name, p, reset=False):
         return Phase(name, [p], max_tokens=1, reset_prefix_cache=reset, sequential=True)
@@ -174,7 +174,7 @@ def phases(lengths: list[int], reps: range, connector: bool, warm: int = 1, prof
 
 def scenario(model: str, spec, lengths, reps: range, connector: bool, warm: int = 1,
              profile: bool = False):
-    from lmcache_ascend.testing.engine_run import Scenario
+    from lmcache_ascend.cli.engine_run import Scenario
 
     per_tok = kv_bytes_per_token(spec)
     # Everything stored: cold prompts, re-stores after vLLM hits, boundary tails.
@@ -206,7 +206,7 @@ def scenario(model: str, spec, lengths, reps: range, connector: bool, warm: int 
 
 def engine_main(scenario_path: str, out_path: str) -> int:
     """Runs in the child: engine_run.run with phase marks (and cProfile)."""
-    from lmcache_ascend.testing import engine_run
+    from lmcache_ascend.cli import engine_run
 
     with open(scenario_path) as f:
         sc = engine_run.Scenario.from_json(json.load(f))
@@ -287,7 +287,7 @@ def measure_model(name: str, spec, args, workdir: Path, log):
     """``args.rounds`` rounds, each: an engine without the connector, then
     one with it (``args.repeats`` prompts per length each), so slow drift of
     the machine's load hits both settings alike."""
-    from lmcache_ascend.testing.tiny_models import build_tiny_model
+    from lmcache_ascend.cli.tiny_models import build_tiny_model
 
     t0 = time.time()
     path = str(build_tiny_model(spec, cache_dir=args.model_cache))
@@ -361,7 +361,7 @@ def measure_model(name: str, spec, args, workdir: Path, log):
 
 
 def profile_model(name: str, spec, args, workdir: Path, log) -> None:
-    from lmcache_ascend.testing.tiny_models import build_tiny_model
+    from lmcache_ascend.cli.tiny_models import build_tiny_model
 
     path = str(build_tiny_model(spec, cache_dir=args.model_cache))
     sc = scenario(path, spec, args.lengths, range(args.repeats), True, args.warm_repeats,
@@ -420,7 +420,7 @@ def main(argv: list[str]) -> int:
         if n <= CHUNK:
             ap.error(f"prompt length {n} must exceed the chunk size {CHUNK}")
     if args.model_cache is None:
-        from lmcache_ascend.testing.tiny_models import default_cache_dir
+        from lmcache_ascend.cli.tiny_models import default_cache_dir
 
         # Own folder: TinyModelSpec.name does not encode every size we set.
         args.model_cache = default_cache_dir() / "bench-e2e"

@@ -32,11 +32,11 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from fixtures import layouts as L  # noqa: E402
 
-from lmcache_ascend.v1.config import AscendConfig  # noqa: E402
-from lmcache_ascend.v1.device_connector import ChunkTransfer  # noqa: E402
-from lmcache_ascend.v1.groups import ChunkRequest  # noqa: E402
-from lmcache_ascend.v1.kv_format import LayoutHints  # noqa: E402
-from lmcache_ascend.v1.planner import build_plan  # noqa: E402
+from lmcache_ascend.planning.settings import AscendConfig  # noqa: E402
+from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer  # noqa: E402
+from lmcache_ascend.planning.groups import ChunkRequest  # noqa: E402
+from lmcache_ascend.planning.kv_format import LayoutHints  # noqa: E402
+from lmcache_ascend.planning.planner import build_plan  # noqa: E402
 
 # (fixture, copies of its layers): roughly the depth of the real model.
 # DeepSeek-V4 at LMCache chunk 1024, the upstream deployment's setting.
@@ -222,7 +222,7 @@ def main() -> None:
     if args.ops == "native":
         ops = importlib.import_module("lmcache_ascend.ops")
     else:
-        ops = importlib.import_module("lmcache_ascend.v1.reference_ops")
+        ops = importlib.import_module("lmcache_ascend.transfer.reference_ops")
     results = [bench_case(layout, copies, ops, args.repeat) for layout, copies in CASES]
     if args.json:
         print(json.dumps(results, indent=2))

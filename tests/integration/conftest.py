@@ -1,6 +1,6 @@
 """Integration fixtures: tiny local models and a real vLLM engine per run.
 
-Each engine run is a fresh subprocess (`lmcache_ascend.testing.engine_run`),
+Each engine run is a fresh subprocess (`lmcache_ascend.cli.engine_run`),
 so vLLM's and LMCache's process-wide state never leaks between tests.
 """
 
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.testing.engine_run import PhaseResult, Scenario
-from lmcache_ascend.testing.tiny_models import build_tiny_model
+from faults import support_env
+from lmcache_ascend.cli.engine_run import PhaseResult, Scenario
+from lmcache_ascend.cli.tiny_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CACHE = ROOT / "tests" / ".models"
@@ -54,7 +55,7 @@ def run_engine(tmp_path):
         out = tmp_path / f"out{counter['n']}.json"
         log = tmp_path / f"engine{counter['n']}.log"
         sc.write_text(json.dumps(asdict(scenario)))
-        env = dict(os.environ)
+        env = support_env(dict(os.environ))  # the faulty connector's module path
         env.pop("PYTHONHASHSEED", None)
         env.update(extra_env or {})
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(scenario.kv_cache_gib))
@@ -63,7 +64,7 @@ def run_engine(tmp_path):
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         with open(log, "w") as lf:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "lmcache_ascend.testing.engine_run", str(sc), str(out)],
+                [sys.executable, "-m", "lmcache_ascend.cli.engine_run", str(sc), str(out)],
                 stdout=lf,
                 stderr=subprocess.STDOUT,
                 cwd=str(tmp_path),

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmcache_ascend.testing.engine_run import Phase, Scenario
-from lmcache_ascend.testing.tiny_models import token_prompt
+from lmcache_ascend.cli.engine_run import Phase, Scenario
+from lmcache_ascend.cli.tiny_models import token_prompt
 
 from .test_engine_hits import CHUNK, assert_same
 

@@ -237,9 +237,9 @@ def test_bad_config_is_refused_clearly(probe, name):
 def test_engine_start_fails_cleanly_on_negative_cpu_size(tmp_path, tiny_model):
     """Through vLLM: the error reaches the user and the engine process exits
     (a failed LMCache engine build used to leave a thread that hung startup)."""
-    from lmcache_ascend.testing.engine_run import Phase, Scenario
-    from lmcache_ascend.testing.faults import run_engine_process
-    from lmcache_ascend.testing.tiny_models import token_prompt
+    from lmcache_ascend.cli.engine_run import Phase, Scenario
+    from faults import run_engine_process
+    from lmcache_ascend.cli.tiny_models import token_prompt
 
     run = run_engine_process(
         Scenario(model=tiny_model("llama"), phases=[Phase("p", [token_prompt(300, seed=1)])]),
@@ -262,8 +262,8 @@ def test_unreachable_remote_falls_back_to_local_cache(tmp_path, tiny_model):
     and outputs are identical."""
     from redis_server import closed_port
 
-    from lmcache_ascend.testing.engine_run import Phase, Scenario
-    from lmcache_ascend.testing.faults import (
+    from lmcache_ascend.cli.engine_run import Phase, Scenario
+    from faults import (
         mismatch,
         reference_outputs,
         reliability_prompts,

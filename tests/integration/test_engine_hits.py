@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from lmcache_ascend.testing.engine_run import Phase, Scenario
-from lmcache_ascend.testing.tiny_models import token_prompt
+from lmcache_ascend.cli.engine_run import Phase, Scenario
+from lmcache_ascend.cli.tiny_models import token_prompt
 
 pytestmark = pytest.mark.engine
 

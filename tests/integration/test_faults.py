@@ -2,7 +2,7 @@
 copies. A fault may cost speed (a hit becomes a miss or a recompute); it
 must never change an output, fail a request or hang the engine.
 
-Faults are injected by ``lmcache_ascend.testing.faults``: a subclass of the
+Faults are injected by ``faults``: a subclass of the
 connector selected through ``kv_transfer_config`` and driven by
 ``LMCA_FAULT_*`` variables (production code carries no test hooks), and by
 signals to a real ``redis-server``. Every completion is compared with the
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.testing.engine_run import Phase, Scenario
-from lmcache_ascend.testing.tiny_models import token_prompt
-from lmcache_ascend.testing.faults import (
+from lmcache_ascend.cli.engine_run import Phase, Scenario
+from lmcache_ascend.cli.tiny_models import token_prompt
+from faults import (
     CHUNK,
     FAULT_LOG_TAG,
     EngineProcess,

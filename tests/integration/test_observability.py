@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.testing.tiny_models import token_prompt
+from lmcache_ascend.cli.tiny_models import token_prompt
 
 pytestmark = pytest.mark.engine
 

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.testing.engine_run import Phase, Scenario
-from lmcache_ascend.testing.tiny_models import token_prompt
-from lmcache_ascend.testing.faults import (
+from lmcache_ascend.cli.engine_run import Phase, Scenario
+from lmcache_ascend.cli.tiny_models import token_prompt
+from faults import (
     CHUNK,
     EngineProcess,
     mismatch,
@@ -240,7 +240,7 @@ def _unanswered(log: str, number: int) -> bool:
     """Request ``number`` came after a lookup LMCache never answered (served
     as a miss; the lookup server stays blocked from then on). LMCache 0.5.6's
     remote executor loses a worker whenever a failed batched get cancels the
-    gets behind it; lmcache-ascend patches that (lmcache_ascend/_lmcache_hook.py),
+    gets behind it; lmcache-ascend patches that (lmcache_ascend/lmcache_bridge/patches.py),
     so this should not happen. Should it, the exact-count checks below accept
     the documented degradation, never a wrong output."""
     first = [int(n) for n in re.findall(r"request (\d+)-\S+: LMCache lookup got no answer", log)]

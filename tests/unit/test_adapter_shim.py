@@ -28,7 +28,7 @@ from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.metadata import LMCacheMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
-from lmcache_ascend.integration.vllm import lmcache_adapter_shim as shim
+from lmcache_ascend.lmcache_bridge import adapter_shim as shim
 
 CHUNK, BS, LAYERS, HEADS, HEAD = 256, 128, 3, 2, 32
 NUM_BLOCKS = 16
@@ -193,8 +193,9 @@ def test_import_is_light_and_registers_keys_when_lmcache_config_loads():
     import sys
 
     code = (
-        "import sys, lmcache_ascend\n"
+        "import sys, logging, lmcache_ascend\n"
         "assert 'lmcache' not in sys.modules and 'vllm' not in sys.modules, sorted(sys.modules)\n"
+        "assert not logging.getLogger('lmcache_ascend').handlers  # no handler of its own\n"
         "from lmcache.v1.config import LMCacheEngineConfig\n"
         "cfg = LMCacheEngineConfig.from_env()\n"
         "print('VALUE', cfg.ascend_bundle_multi_spec)\n"

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.v1.config import (
+from lmcache_ascend.lmcache_bridge.config import register_config_keys
+from lmcache_ascend.planning.settings import (
     DSV4_ASCEND_V018_STATE_SPECS,
     KEY_NAMES,
     AscendConfig,
     ConfigValueError,
-    register_config_keys,
 )
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,7 +29,7 @@ cfg = LMCacheEngineConfig.from_defaults(chunk_size=16, pre_caching_hash_algorith
 db = ChunkedTokenDatabase(cfg, None)
 if sys.argv[1] == "pinned":  # what both halves do with their engine / lookup client
     from types import SimpleNamespace
-    from lmcache_ascend.integration.vllm.runtime import prepare_token_database
+    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
     assert prepare_token_database(SimpleNamespace(token_database=db), 16, "test") is not None
 tokens = torch.arange(1000, 1064)
 keys = [int(r[2]) for r in db.process_tokens(tokens, make_key=False)]

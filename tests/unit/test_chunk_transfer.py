@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.v1.device_connector import ChunkTransfer
-from lmcache_ascend.v1.groups import ChunkRequest, GroupKind, SchedulerGroup
-from lmcache_ascend.v1.kv_format import LayoutHints
-from lmcache_ascend.v1.planner import build_plan
+from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
+from lmcache_ascend.planning.groups import ChunkRequest, GroupKind, SchedulerGroup
+from lmcache_ascend.planning.kv_format import LayoutHints
+from lmcache_ascend.planning.planner import build_plan
 
 FULL, SLIDING = GroupKind.FULL, GroupKind.SLIDING
 
@@ -151,15 +151,17 @@ def test_hnd_bundled_is_one_call_for_all_heads(ops):
     assert torch.equal(rows[1, 2, 16:], phys[1, 5, 2])
 
 
-def test_planning_modules_import_neither_vllm_nor_native_ops():
+def test_planning_modules_import_neither_vllm_nor_lmcache_nor_native_ops():
     import subprocess
     import sys
 
     code = (
-        "import sys\n"
-        "import lmcache_ascend.v1.device_connector, lmcache_ascend.v1.planner\n"
-        "import lmcache_ascend.v1.config, lmcache_ascend.v1.reference_ops\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] == 'vllm' or m == 'lmcache_ascend.ops']\n"
+        "import sys, pkgutil, importlib, lmcache_ascend.planning, lmcache_ascend.transfer\n"
+        "for pkg in (lmcache_ascend.planning, lmcache_ascend.transfer):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+        "        importlib.import_module(pkg.__name__ + '.' + m.name)\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('vllm', 'lmcache') or m in "
+        "('lmcache_ascend.ops', 'lmcache_ascend._ops')]\n"
         "assert not bad, bad\n"
     )
     from pathlib import Path
@@ -172,7 +174,7 @@ def test_copy_threads_are_logged_and_a_serial_build_is_warned(caplog):
     import logging
     import types
 
-    from lmcache_ascend.integration.vllm.runtime import log_copy_threads
+    from lmcache_ascend.integration.vllm.wiring import log_copy_threads
 
     native = pytest.importorskip("lmcache_ascend.ops")
     before = torch.get_num_threads()
@@ -192,7 +194,7 @@ def test_copy_threads_are_logged_and_a_serial_build_is_warned(caplog):
         warned = [r for r in caplog.records if r.levelno == logging.WARNING]
         assert len(warned) == 1 and "1 of torch's 2 threads" in warned[0].getMessage()
         # Reference ops (no native copies) and non-CPU KV report nothing.
-        from lmcache_ascend.v1 import reference_ops
+        from lmcache_ascend.transfer import reference_ops
 
         assert ChunkTransfer(xfer.plan, reference_ops).copy_threads() is None
     finally:

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from lmcache_ascend.v1.config import AscendConfig
-from lmcache_ascend.v1.device_connector import ChunkTransfer
-from lmcache_ascend.v1.groups import ChunkRequest, GroupKind, SchedulerGroup
-from lmcache_ascend.v1.kv_format import LayoutHints
-from lmcache_ascend.v1.planner import build_plan
+from lmcache_ascend.planning.settings import AscendConfig
+from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
+from lmcache_ascend.planning.groups import ChunkRequest, GroupKind, SchedulerGroup
+from lmcache_ascend.planning.kv_format import LayoutHints
+from lmcache_ascend.planning.planner import build_plan
 
 CHUNK = 256
 

@@ -7,10 +7,10 @@ import dataclasses
 import pytest
 import torch
 
-from lmcache_ascend.v1.chunking import chunk_size_configured, default_chunk_size, finest_chunk_size
-from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
-from lmcache_ascend.v1.kv_format import LayoutHints
-from lmcache_ascend.v1.planner import build_plan
+from lmcache_ascend.planning.chunking import chunk_size_configured, default_chunk_size, finest_chunk_size
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.kv_format import LayoutHints
+from lmcache_ascend.planning.planner import build_plan
 
 FULL, SLIDING, STATE = GroupKind.FULL, GroupKind.SLIDING, GroupKind.STATE
 

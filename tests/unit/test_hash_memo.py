@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmcache_ascend.v1 import hash_memo
+from lmcache_ascend.lmcache_bridge import hash_memo
 
 CHUNK = 16
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmcache_ascend.v1.groups import Granularity
-from lmcache_ascend.v1.kv_format import (
+from lmcache_ascend.planning.groups import Granularity
+from lmcache_ascend.planning.kv_format import (
     LayerFormat,
     LayoutError,
     LayoutHints,

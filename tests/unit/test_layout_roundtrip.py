@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from lmcache_ascend.v1.device_connector import ChunkTransfer
-from lmcache_ascend.v1.groups import NULL_BLOCK_ID, ChunkRequest, GroupKind
-from lmcache_ascend.v1.planner import build_plan
+from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
+from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest, GroupKind
+from lmcache_ascend.planning.planner import build_plan
 from fixtures import layouts as L
 from fixtures import oracle
 

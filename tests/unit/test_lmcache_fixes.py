@@ -4,7 +4,7 @@
 failed one. Unpatched, each such cancel can kill one of the executor's four
 workers (``set_result`` on a cancelled future), after which every remote call
 (``exists`` for lookups included) waits forever. ``import lmcache_ascend``
-shields the futures (lmcache_ascend/_lmcache_hook.py).
+shields the futures (lmcache_ascend/lmcache_bridge/patches.py).
 """
 
 from __future__ import annotations

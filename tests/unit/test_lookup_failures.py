@@ -2,7 +2,7 @@
 
 The scheduler half asks LMCache's lookup client (ZMQ to the worker's lookup
 server). When the server does not answer within ``lookup_timeout_ms`` the
-client returns 0 exactly as for a real miss; ``runtime.lookup_through`` tells
+client returns 0 exactly as for a real miss; ``SchedulerLookup`` tells
 the two apart and the scheduler counts and logs the failure. These tests use
 LMCache's real lookup client and server; the server's engine is a stand-in
 that answers a fixed number of chunks (the storage side is covered by the
@@ -23,10 +23,10 @@ from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.lookup_client.factory import LookupClientFactory
 from lmcache.v1.metadata import LMCacheMetadata
 
-from lmcache_ascend.integration.vllm.runtime import lookup_through
+from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_layout import RequestView
-from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 
 CHUNK = 256
 GROUPS = (SchedulerGroup(index=0, kind=GroupKind.FULL, spec_name="FullAttentionSpec", block_size=128),)
@@ -88,7 +88,7 @@ def test_unanswered_lookups_are_misses_counted_and_logged_sparingly(caplog):
             half.update_state_after_alloc(f"r{i}", 0)
     assert len(asked) == 150
     assert half.stats.lookup_failures == 150
-    assert half.stats.lookup_hit_tokens == 0
+    assert half.stats.hit_tokens == 0
     warnings = [r.getMessage() for r in caplog.records if "lookup got no answer" in r.getMessage()]
     # The first failure and the 100th, each naming the request and the count.
     assert len(warnings) == 2, warnings
@@ -107,7 +107,7 @@ def test_real_client_without_a_server_reports_no_answer():
         _config(timeout_ms=200), _metadata("scheduler", f"no-server-{uuid.uuid4().hex}")
     )
     try:
-        lookup = lookup_through(client, CHUNK)
+        lookup = SchedulerLookup(client, CHUNK)
         assert lookup(range(1, 601), "req-1") is None
         # Nothing recorded by the client for it.
         assert client.lookup_cache("req-1") == -1
@@ -124,7 +124,7 @@ def test_real_client_and_server_answer_and_leave_no_record():
     server = LookupClientFactory.create_lookup_server(engine, _metadata("worker", engine_id))
     client = LookupClientFactory.create_lookup_client(config, _metadata("scheduler", engine_id))
     try:
-        lookup = lookup_through(client, CHUNK)
+        lookup = SchedulerLookup(client, CHUNK)
         assert lookup(range(1, 601), "req-1") == 2 * CHUNK
         assert engine.lookup_ids == ["req-1"]
         # LMCache's client keeps a per-request record unless cleared; a

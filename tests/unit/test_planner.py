@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from fixtures import layouts as L
-from lmcache_ascend.v1.config import AscendConfig
-from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
-from lmcache_ascend.v1.kv_format import LayoutHints
-from lmcache_ascend.v1.planner import KernelOp, build_plan, unrestorable_groups
-from lmcache_ascend.v1.state_skip import SkipReason, skipped_groups
+from lmcache_ascend.planning.settings import AscendConfig
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.kv_format import LayoutHints
+from lmcache_ascend.planning.planner import KernelOp, build_plan, unrestorable_groups
+from lmcache_ascend.planning.state_skip import SkipReason, skipped_groups
 
 FULL, SLIDING, STATE = GroupKind.FULL, GroupKind.SLIDING, GroupKind.STATE
 NHD = LayoutHints(kv_layout="NHD")

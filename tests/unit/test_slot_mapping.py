@@ -1,4 +1,4 @@
-"""Per-group chunk addressing (lmcache_ascend.v1.slot_mapping).
+"""Per-group chunk addressing (lmcache_ascend.planning.slot_mapping).
 
 Every result is checked against a plain-Python, per-position reference
 written from the documented semantics (not from the numpy code), plus a few
@@ -23,8 +23,8 @@ import random
 import numpy as np
 import pytest
 
-from lmcache_ascend.v1.groups import NULL_BLOCK_ID, SKIP, GroupKind, SchedulerGroup
-from lmcache_ascend.v1.slot_mapping import (
+from lmcache_ascend.planning.groups import NULL_BLOCK_ID, SKIP, GroupKind, SchedulerGroup
+from lmcache_ascend.planning.slot_mapping import (
     chunk_pages,
     chunk_rows,
     chunks_pages,

@@ -32,7 +32,7 @@ from lmcache_ascend.integration.vllm.vllm_layout import (
     step_view,
 )
 from lmcache_ascend.compat import vllm_features
-from lmcache_ascend.v1.groups import GroupKind
+from lmcache_ascend.planning.groups import GroupKind
 
 # tokens_per_state and CircularBufferSpec exist from vLLM 0.32 on; the older
 # series express compression as the MLA specs' compress_ratio (tested above).

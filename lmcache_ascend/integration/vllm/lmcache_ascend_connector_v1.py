@@ -67,33 +67,29 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         # kv_producer only stores, kv_consumer only loads.
         self._may_load = kv_role in ("kv_both", "kv_consumer")
         self._may_store = kv_role in ("kv_both", "kv_producer")
+        self._features = features
         self._scheduler = None
-        self._lookup_client = None
         self._worker = None
-        self._lookup_server = None
-        self.plan = None
-        from lmcache_ascend.integration.vllm.stats import Counters
-
-        self._sched_reported = Counters()
         if not features.inproc_engine_shuts_down:
             from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
 
             close_before_thread_join(self, type(self).shutdown)
         if role == KVConnectorRole.SCHEDULER:
-            from lmcache_ascend.integration.vllm.runtime import build_scheduler_half
+            from lmcache_ascend.integration.vllm.wiring import build_scheduler_half
 
-            self._scheduler, self._lookup_client = build_scheduler_half(
-                vllm_config, kv_cache_config
-            )
+            self._scheduler = build_scheduler_half(vllm_config, kv_cache_config)
+
+    @property
+    def plan(self):
+        """This worker's transfer plan (None in the scheduler role)."""
+        return self._worker.plan if self._worker is not None else None
 
     # ==== worker side =====================================================
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        from lmcache_ascend.integration.vllm.runtime import build_worker_half
+        from lmcache_ascend.integration.vllm.wiring import build_worker_half
 
-        self._worker, self.plan, self._lookup_server = build_worker_half(
-            self._vllm_config, self._kv_cache_config, kv_caches
-        )
+        self._worker = build_worker_half(self._vllm_config, self._kv_cache_config, kv_caches)
 
     def _step(self) -> Optional[StepTransfers]:
         if not self.has_connector_metadata():
@@ -137,24 +133,19 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
     # ==== stats (both roles) ===============================================
 
     def get_kv_connector_stats(self):
-        from lmcache_ascend.integration.vllm.stats import AscendConnectorStats, Counters
+        from lmcache_ascend.integration.vllm.stats import AscendConnectorStats
 
-        if self._worker is not None:
-            delta = self._worker.take_stats()
-        elif self._scheduler is not None:
-            st = self._scheduler.stats
-            now = Counters(
-                lookup_requests=st.lookups,
-                lookup_failures=st.lookup_failures,
-                hit_tokens=st.lookup_hit_tokens,
-            )
-            delta = now.minus(self._sched_reported)
-            self._sched_reported = now
-        else:
+        half = self._worker if self._worker is not None else self._scheduler
+        if half is None:
             return None
-        if not delta.any():
-            return None
-        return AscendConnectorStats(data=delta.as_dict())
+        delta = half.take_stats()
+        if delta:
+            return AscendConnectorStats(data=delta)
+        if self._worker is not None and self._features.scheduler_stats_need_worker_stats:
+            # vLLM 0.23 merges the scheduler's stats only in steps where a
+            # worker sent some: an empty (not None) record lets them through.
+            return AscendConnectorStats()
+        return None
 
     @classmethod
     def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None):
@@ -174,9 +165,11 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         return self._worker.take_load_errors()
 
     def shutdown(self) -> None:
-        from lmcache_ascend.integration.vllm.shutdown import close_quietly
-
-        close_quietly(self)
+        for name in ("_scheduler", "_worker"):
+            half = getattr(self, name)
+            if half is not None:
+                setattr(self, name, None)
+                half.close()
 
     # ==== scheduler side ==================================================
 
@@ -186,7 +179,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         assert self._scheduler is not None
         view = vllm_layout.request_view(request)
         if not self._may_load:
-            self._scheduler.get_num_new_matched_tokens(view, view.num_tokens)
+            self._scheduler.track(view)  # stores only: follow it, never look it up
             return 0, False
         return self._scheduler.get_num_new_matched_tokens(view, num_computed_tokens)
 

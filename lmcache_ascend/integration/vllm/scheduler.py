@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+from lmcache_ascend.integration.vllm.stats import SchedulerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import (
     LoadSpec,
     RequestTransfer,
@@ -18,13 +19,16 @@ from lmcache_ascend.integration.vllm.transfer_meta import (
     StoreSpec,
 )
 from lmcache_ascend.integration.vllm.vllm_layout import RequestView, StepView
-from lmcache_ascend.v1.groups import SchedulerGroup
-from lmcache_ascend.v1.slot_mapping import primary_group
+from lmcache_ascend.planning.agreement import HalfAgreement
+from lmcache_ascend.planning.groups import SchedulerGroup
+from lmcache_ascend.planning.slot_mapping import primary_group
 
 logger = logging.getLogger(__name__)
 
 # (token ids, lookup id) -> tokens of the longest stored prefix, or None
 # when LMCache gave no answer (timeout, transport error): served as a miss.
+# A lookup with a close() (lmcache_bridge.engine.SchedulerLookup) is owned
+# by the half and closed with it.
 LookupFn = Callable[[Sequence[int], str], Optional[int]]
 
 # A failing lookup path is logged on the first failure and then every this
@@ -38,23 +42,12 @@ class _Tracked:
     block_ids: list[list[int]]
     # Tokens [0, saved_upto) are in LMCache or were deliberately not stored.
     saved_upto: int = 0
-    num_computed: int = 0
 
 
 @dataclass
 class _PendingLoad:
     skip_tokens: int
     hit_tokens: int
-
-
-@dataclass
-class SchedulerStats:
-    lookups: int = 0
-    lookup_hit_tokens: int = 0
-    lookup_failures: int = 0
-    refused_hits: int = 0
-    stores_planned_tokens: int = 0
-    loads_planned_tokens: int = 0
 
 
 class SchedulerHalf:
@@ -64,10 +57,14 @@ class SchedulerHalf:
         chunk_size: int,
         lookup: LookupFn,
         hit_blockers: Sequence[SchedulerGroup] = (),
+        agreement: Optional[HalfAgreement] = None,
     ) -> None:
+        """``agreement``: what this half planned with; shipped with every step
+        so the worker can refuse transfers planned under another one."""
         self.groups = tuple(groups)
         self.chunk_size = chunk_size
         self._lookup = lookup
+        self.agreement = agreement
         # Groups whose state we cannot restore at a chunk boundary: any hit
         # would leave them stale, so hits are refused (outputs stay exact).
         self._hit_blockers = tuple(hit_blockers)
@@ -84,7 +81,16 @@ class SchedulerHalf:
         self._hits: dict[str, int] = {}
         self._pending_loads: dict[str, _PendingLoad] = {}
         self._tracked: dict[str, _Tracked] = {}
-        self.stats = SchedulerStats()
+        self.stats = SchedulerCounters()
+
+    def take_stats(self) -> dict[str, float]:
+        """Counter changes since the previous call (vLLM's stats hooks)."""
+        return self.stats.take()
+
+    def close(self) -> None:
+        close = getattr(self._lookup, "close", None)
+        if callable(close):
+            close()
 
     # ---- admission -------------------------------------------------------
 
@@ -92,6 +98,11 @@ class SchedulerHalf:
         """Whole chunks only, and never the whole prompt: vLLM must compute
         at least one token to produce logits."""
         return ((num_tokens - 1) // self.chunk_size) * self.chunk_size if num_tokens > 0 else 0
+
+    def track(self, view: RequestView) -> None:
+        """Follow a request without looking it up (kv_producer: store only)."""
+        self._views[view.req_id] = view
+        self._hits[view.req_id] = 0
 
     def get_num_new_matched_tokens(
         self, view: RequestView, num_computed_tokens: int
@@ -102,10 +113,10 @@ class SchedulerHalf:
             self._hits[view.req_id] = 0
             return 0, False
         if self._hit_blockers:
-            self.stats.refused_hits += 1
+            self.stats.refused_lookups += 1
             self._hits[view.req_id] = 0
             return 0, False
-        self.stats.lookups += 1
+        self.stats.lookup_requests += 1
         found = self._lookup(view.token_ids[:limit], view.req_id)
         if found is None:
             self._lookup_failed(view.req_id)
@@ -113,7 +124,7 @@ class SchedulerHalf:
         hit = int(found)
         hit = min(hit - hit % self.chunk_size, limit)
         self._hits[view.req_id] = hit
-        self.stats.lookup_hit_tokens += hit
+        self.stats.hit_tokens += hit
         return (hit - num_computed_tokens, False) if hit > num_computed_tokens else (0, False)
 
     def _lookup_failed(self, req_id: str) -> None:
@@ -158,10 +169,8 @@ class SchedulerHalf:
             load_spec = None
             if load is not None:
                 load_spec = LoadSpec(load.skip_tokens, load.hit_tokens)
-                self.stats.loads_planned_tokens += load.hit_tokens - load.skip_tokens
                 tracked.saved_upto = max(tracked.saved_upto, load.hit_tokens)
             computed_after = sched.num_computed_tokens + sched.num_scheduled_tokens
-            tracked.num_computed = computed_after
             store_spec = self._store_range(tracked, computed_after)
             if load_spec is None and store_spec is None:
                 continue
@@ -177,7 +186,9 @@ class SchedulerHalf:
             )
         for req_id in step.finished_req_ids:
             self._forget(req_id)
-        return StepTransfers(requests=tuple(out), finished_req_ids=step.finished_req_ids)
+        return StepTransfers(
+            requests=tuple(out), finished_req_ids=step.finished_req_ids, agreement=self.agreement
+        )
 
     def _track(self, req_id: str, sched) -> Optional[_Tracked]:
         tracked = self._tracked.get(req_id)
@@ -220,7 +231,6 @@ class SchedulerHalf:
             return None
         spec = StoreSpec(tracked.saved_upto, end)
         tracked.saved_upto = end
-        self.stats.stores_planned_tokens += end - spec.start
         return spec
 
     def _forget(self, req_id: str) -> None:

@@ -18,35 +18,50 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 )
 
 
+class _Counters:
+    """Additive counters whose deltas flow to vLLM once per step."""
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
+
+    def take(self) -> dict[str, float]:
+        """The non-zero changes since the previous call."""
+        now = self.as_dict()
+        before = getattr(self, "_taken", {})
+        self._taken = now
+        return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
+
+
 @dataclass
-class Counters:
-    """Everything we count. All fields are additive."""
+class SchedulerCounters(_Counters):
+    """What the scheduler half counts."""
 
     lookup_requests: int = 0
     lookup_failures: int = 0
     hit_tokens: int = 0
+    # Hits refused because a state group cannot be restored at chunk boundaries.
+    refused_lookups: int = 0
+
+
+@dataclass
+class WorkerCounters(_Counters):
+    """What the worker half counts."""
+
     load_requests: int = 0
     loaded_tokens: int = 0
     loaded_bytes: int = 0
     load_seconds: float = 0.0
     load_errors: int = 0
+    checksum_failures: int = 0
+    failed_chunk_loads: int = 0
     stored_tokens: int = 0
     stored_bytes: int = 0
     store_seconds: float = 0.0
     store_failures: int = 0
     skipped_incomplete_chunks: int = 0
 
-    def as_dict(self) -> dict[str, float]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def minus(self, other: "Counters") -> "Counters":
-        return Counters(**{k: v - getattr(other, k) for k, v in self.as_dict().items()})
-
-    def any(self) -> bool:
-        return any(self.as_dict().values())
-
-
-COUNTER_NAMES = tuple(f.name for f in fields(Counters))
+COUNTER_NAMES = tuple(f.name for c in (SchedulerCounters, WorkerCounters) for f in fields(c))
 
 
 @dataclass
@@ -83,11 +98,14 @@ _DOCS = {
     "lookup_requests": "Requests looked up in LMCache.",
     "lookup_failures": "Lookups LMCache did not answer (timeout, transport error); served as misses.",
     "hit_tokens": "Prompt tokens found in LMCache (chunk-aligned hits).",
+    "refused_lookups": "Lookups not made because a state group cannot be restored at chunk boundaries.",
     "load_requests": "Requests whose KV was loaded from LMCache.",
     "loaded_tokens": "Tokens whose KV was loaded from LMCache.",
     "loaded_bytes": "Bytes copied from LMCache into vLLM's KV cache.",
     "load_seconds": "Seconds spent loading KV from LMCache.",
     "load_errors": "Loads that failed or were partial (recomputed by vLLM).",
+    "checksum_failures": "Chunks refused because their checksum did not match (never copied into vLLM).",
+    "failed_chunk_loads": "Chunks whose copy into vLLM's KV cache raised (recomputed by vLLM).",
     "stored_tokens": "Tokens whose KV was stored into LMCache.",
     "stored_bytes": "Bytes copied from vLLM's KV cache into LMCache.",
     "store_seconds": "Seconds spent storing KV into LMCache.",

@@ -6,6 +6,9 @@ Plain frozen dataclasses (picklable: vLLM ships them to worker processes).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
+
+from lmcache_ascend.planning.agreement import HalfAgreement
 
 
 @dataclass(frozen=True)
@@ -42,3 +45,6 @@ class StepTransfers:
     requests: tuple[RequestTransfer, ...] = ()
     # Requests that ended: their lookup pins are released on the worker.
     finished_req_ids: frozenset[str] = field(default_factory=frozenset)
+    # What the scheduler planned with (chunk size, groups); the worker
+    # refuses to move chunks planned under another agreement.
+    agreement: Optional[HalfAgreement] = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
@@ -24,7 +24,7 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from lmcache_ascend.compat import vllm_features
-from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ def _compress_ratio(spec: KVCacheSpec) -> int:
 def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ...]:
     """One ``SchedulerGroup`` per vLLM KV cache group, index == group id."""
     out = []
+    transferable = transferable_group_ids(kv_cache_config)
     for idx, group in enumerate(kv_cache_config.kv_cache_groups):
         spec = group.kv_cache_spec
         kind, window = _classify(spec)
@@ -85,6 +86,7 @@ def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ..
                 compress_ratio=_compress_ratio(spec),
                 sliding_window=window,
                 layer_names=tuple(group.layer_names),
+                transferable=idx in transferable,
             )
         )
     return tuple(out)
@@ -244,10 +246,3 @@ def ensure_recompute_on_load_failure(vllm_config: Any) -> None:
         )
         ktc.kv_load_failure_policy = "recompute"
 
-
-def iter_layer_names(groups: Iterable[SchedulerGroup]) -> list[str]:
-    seen: dict[str, None] = {}
-    for g in groups:
-        for name in g.layer_names:
-            seen.setdefault(name, None)
-    return list(seen)

@@ -11,10 +11,11 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from lmcache_ascend.integration.vllm.stats import Counters
+from lmcache_ascend.integration.vllm.stats import WorkerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StepTransfers
-from lmcache_ascend.v1.engine_glue import TransferContext
-from lmcache_ascend.v1.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
+from lmcache_ascend.lmcache_bridge.chunk_io import TransferContext
+from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
+from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
 
 logger = logging.getLogger(__name__)
 
@@ -69,11 +70,10 @@ def blocks_for_range(
 
 
 class WorkerHalf:
-    """Owns the LMCache engine of this worker process.
-
-    ``engine`` is an ``LMCacheEngine`` (built by the caller); ``transfer``
-    exposes ``incomplete_groups(ChunkRequest)`` for the pre-store check.
-    """
+    """Owns this worker's LMCache engine and lookup server (``engine``, an
+    ``lmcache_bridge.engine.WorkerEngine``: ``retrieve``/``store``/``unpin``/
+    ``close``) and moves chunks with ``transfer`` (a ``ChunkTransfer``) by
+    ``plan``."""
 
     def __init__(
         self,
@@ -81,22 +81,20 @@ class WorkerHalf:
         chunk_size: int,
         engine: Any,
         transfer: Any,
-        chunk_bytes: int,
-        stored_groups: frozenset[int],
-        group_bytes: Optional[Mapping[int, int]] = None,
+        plan: Any,
+        agreement: Optional[HalfAgreement] = None,
     ) -> None:
         self.groups = tuple(groups)
         self.chunk_size = chunk_size
         self.engine = engine
         self.transfer = transfer
-        self.chunk_bytes = chunk_bytes
-        self.stored_groups = stored_groups
-        self._stored_group_list = tuple(g for g in self.groups if g.index in stored_groups)
+        self.plan = plan
+        self.chunk_bytes = plan.chunk_bytes
+        self.agreement = agreement
         self._load_errors: set[int] = set()
-        self.stats = Counters()
-        self._reported = Counters()
+        self.stats = WorkerCounters()
         # Stored bytes per chunk per scheduler group, for per-group logs.
-        self.group_bytes = dict(group_bytes or {})
+        self.group_bytes = dict(plan.group_bytes())
         self._records: dict[str, RequestRecord] = {}
 
     def _record(self, req_id: str) -> RequestRecord:
@@ -109,15 +107,30 @@ class WorkerHalf:
         chunks = tokens // self.chunk_size
         return ", ".join(f"g{g}={chunks * n}B" for g, n in sorted(self.group_bytes.items())) or "-"
 
-    def take_stats(self) -> Counters:
-        """Counter deltas since the previous call (for vLLM's stats hooks)."""
-        delta = self.stats.minus(self._reported)
-        self._reported = Counters(**self.stats.as_dict())
-        return delta
+    def take_stats(self) -> dict[str, float]:
+        """Counter changes since the previous call (vLLM's stats hooks)."""
+        return self.stats.take()
+
+    def close(self) -> None:
+        self.engine.close()
+
+    def check_agreement(self, step: StepTransfers) -> None:
+        """Never move chunks the scheduler planned with another chunk size or
+        grouping: the bytes would land in the wrong places."""
+        theirs = step.agreement
+        if theirs is None or self.agreement is None or theirs == self.agreement:
+            return
+        raise HalvesDisagree(
+            "lmcache-ascend: vLLM's scheduler and this worker derived different transfer "
+            f"plans (scheduler: {theirs.describe()}; worker: {self.agreement.describe()}). "
+            "Both read LMCache's configuration (LMCACHE_* variables, LMCACHE_CONFIG_FILE, "
+            "kv_connector_extra_config): give every vLLM process the same settings."
+        )
 
     # ---- loads -----------------------------------------------------------
 
     def start_load(self, step: StepTransfers) -> None:
+        self.check_agreement(step)
         for req in step.requests:
             if req.load is not None:
                 self._load_one(req)
@@ -128,7 +141,7 @@ class WorkerHalf:
         skip_aligned = spec.skip_tokens - spec.skip_tokens % self.chunk_size
         n = spec.hit_tokens - skip_aligned
         if n <= 0:
-            self.engine.lookup_unpin(req.req_id)
+            self.engine.unpin(req.req_id)
             return
         tokens = torch.tensor(req.token_ids[: spec.hit_tokens], dtype=torch.long)
         mask = torch.ones(spec.hit_tokens, dtype=torch.bool)
@@ -139,17 +152,13 @@ class WorkerHalf:
         )
         t0 = time.perf_counter()
         loaded_end = skip_aligned
-        io = self.engine.gpu_connector.stats
-        io.failed_from = None
         try:
-            ret = self.engine.retrieve(
-                tokens, mask=mask, req_id=req.req_id, lmcache_ascend_ctx=ctx
-            )
+            ret = self.engine.retrieve(tokens, mask, ctx)
             got = ret[skip_aligned:]
             # Retrieved chunks form a prefix of the requested range.
             loaded_end = skip_aligned + (int(got.long().cumprod(0).sum()) if got.numel() else 0)
-            if io.failed_from is not None:
-                loaded_end = min(loaded_end, io.failed_from)
+            if ctx.outcome.failed_from is not None:
+                loaded_end = min(loaded_end, ctx.outcome.failed_from)
         except Exception:  # noqa: BLE001 - a failed load must cost speed only
             logger.exception(
                 "lmcache-ascend: load of request %s failed; vLLM will recompute "
@@ -160,10 +169,12 @@ class WorkerHalf:
             )
         finally:
             try:
-                self.engine.lookup_unpin(req.req_id)
+                self.engine.unpin(req.req_id)
             except Exception:  # noqa: BLE001
                 logger.exception("lmcache-ascend: unpinning %s failed", req.req_id)
         dt = time.perf_counter() - t0
+        self.stats.checksum_failures += ctx.outcome.checksum_failures
+        self.stats.failed_chunk_loads += ctx.outcome.load_failures
         self.stats.load_requests += 1
         loaded = max(0, loaded_end - max(skip_aligned, spec.skip_tokens))
         self.stats.loaded_tokens += loaded
@@ -205,6 +216,7 @@ class WorkerHalf:
     # ---- stores ----------------------------------------------------------
 
     def save(self, step: StepTransfers) -> None:
+        self.check_agreement(step)
         for req in step.requests:
             if req.store is not None:
                 self._store_one(req)
@@ -246,7 +258,7 @@ class WorkerHalf:
             mask = torch.ones(end, dtype=torch.bool)
             mask[:start] = False
             try:
-                self.engine.store(tokens, mask=mask, req_id=req.req_id, lmcache_ascend_ctx=ctx)
+                self.engine.store(tokens, mask, ctx)
                 stored += end - start
             except Exception:  # noqa: BLE001 - a failed store loses no request
                 self.stats.store_failures += 1
@@ -278,7 +290,7 @@ class WorkerHalf:
     def release(self, step: StepTransfers) -> None:
         for req_id in step.finished_req_ids:
             try:
-                self.engine.lookup_unpin(req_id)
+                self.engine.unpin(req_id)
             except Exception:  # noqa: BLE001
                 logger.exception("lmcache-ascend: unpinning %s failed", req_id)
             rec = self._records.pop(req_id, None)

@@ -1,24 +1,14 @@
-"""lmcache-ascend's LMCache config keys: registered, typed and validated.
+"""lmcache-ascend's settings: the ``ascend_*`` keys, their types, converters
+and defaults, and :class:`AscendConfig`, the typed record read from them.
 
-The keys live in LMCache's own config (``LMCacheEngineConfig``), so they are
-set like every other LMCache key: yaml (``LMCACHE_CONFIG_FILE``), environment
-(``LMCACHE_`` + key upper-cased, e.g. ``LMCACHE_ASCEND_BUNDLE_MULTI_SPEC``) and
-``kv_connector_extra_config`` (``lmcache.<key>``). This module never reads
-``os.environ`` itself; LMCache does.
-
-LMCache 0.5.6 builds ``LMCacheEngineConfig`` as a dataclass at import time
-from ``lmcache.v1.config._CONFIG_DEFINITIONS``, and about sixty modules import
-that class object. :func:`register_config_keys` therefore adds our entries to
-the definitions dict (the class's loaders iterate that same dict) and widens
-the existing class in place, so every importer sees the new fields.
-
-Imports LMCache lazily: building an :class:`AscendConfig` needs no LMCache.
+The keys are set through LMCache's own config (see
+``lmcache_bridge/config.py``, which registers them); this module is pure: it
+imports neither LMCache nor vLLM and never reads the environment.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -40,6 +30,22 @@ DSV4_V020_STATE_LAYER_SUFFIXES: tuple[str, ...] = (".compressor.state_cache",)
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
+BOOL_WORDS_TEXT = "true/false (also 1/0, yes/no, on/off)"
+
+
+def parse_bool(value: Any) -> bool | None:
+    """The boolean a config value spells, or None if it spells none (the one
+    boolean parser of the package: our keys and LMCache's are read alike)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    return None
 
 
 class ConfigValueError(Exception):
@@ -53,19 +59,10 @@ class ConfigValueError(Exception):
 
 def _to_bool(key: str) -> Callable[[Any], bool]:
     def convert(value: Any) -> bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, int) and value in (0, 1):
-            return bool(value)
-        text = str(value).strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-        raise ConfigValueError(
-            f"config key {key!r}: invalid value {value!r}; valid: true/false "
-            f"(also {'/'.join(_TRUE[1:])} or {'/'.join(_FALSE[1:])})"
-        )
+        parsed = parse_bool(value)
+        if parsed is None:
+            raise ConfigValueError(f"config key {key!r}: invalid value {value!r}; valid: {BOOL_WORDS_TEXT}")
+        return parsed
 
     return convert
 
@@ -107,7 +104,7 @@ def _to_names(key: str) -> Callable[[Any], tuple[str, ...]]:
 
 
 @dataclass(frozen=True)
-class _KeySpec:
+class KeySpec:
     key: str
     type_: type
     default: Any
@@ -115,8 +112,8 @@ class _KeySpec:
     description: str
 
 
-_KEYS: tuple[_KeySpec, ...] = (
-    _KeySpec(
+KEYS: tuple[KeySpec, ...] = (
+    KeySpec(
         "ascend_bundle_multi_spec",
         bool,
         True,
@@ -124,7 +121,7 @@ _KEYS: tuple[_KeySpec, ...] = (
         "Move every plane of a multi-plane layer with one multi-plane op call per "
         "kernel group and chunk; false = one call per homogeneous plane group.",
     ),
-    _KeySpec(
+    KeySpec(
         "ascend_flatten_multi_spec",
         bool,
         True,
@@ -132,21 +129,21 @@ _KEYS: tuple[_KeySpec, ...] = (
         "Accept layers that several scheduler groups address (multi-spec layers, "
         "e.g. DeepSeek-V4 on vLLM-Ascend); false refuses them at plan time.",
     ),
-    _KeySpec(
+    KeySpec(
         "ascend_skip_state_groups",
         bool,
         True,
         _to_bool("ascend_skip_state_groups"),
         "Neither store nor load the groups matched by the two skip lists.",
     ),
-    _KeySpec(
+    KeySpec(
         "ascend_skip_state_spec_allowlist",
         tuple,
         DSV4_ASCEND_V018_STATE_SPECS,
         _to_names("ascend_skip_state_spec_allowlist"),
         "KV cache spec class names whose groups are skipped.",
     ),
-    _KeySpec(
+    KeySpec(
         "ascend_skip_state_layer_suffixes",
         tuple,
         DSV4_V020_STATE_LAYER_SUFFIXES,
@@ -154,7 +151,7 @@ _KEYS: tuple[_KeySpec, ...] = (
         "Layer-name suffixes; a group all of whose layers end with one is skipped.",
     ),
 )
-KEY_NAMES: tuple[str, ...] = tuple(k.key for k in _KEYS)
+KEY_NAMES: tuple[str, ...] = tuple(k.key for k in KEYS)
 
 
 @dataclass(frozen=True)
@@ -170,7 +167,7 @@ class AscendConfig:
     def __post_init__(self) -> None:
         # Re-run the converters so a hand-built config is validated the same
         # way as one read from yaml or the environment.
-        for spec in _KEYS:
+        for spec in KEYS:
             field = spec.key.removeprefix("ascend_")
             object.__setattr__(self, field, spec.convert(getattr(self, field)))
 
@@ -182,54 +179,7 @@ class AscendConfig:
         every value is validated again here.
         """
         values = {}
-        for spec in _KEYS:
+        for spec in KEYS:
             raw = getattr(config, spec.key, spec.default)
             values[spec.key.removeprefix("ascend_")] = spec.default if raw is None else raw
         return cls(**values)
-
-
-_register_lock = threading.Lock()
-
-
-def register_config_keys() -> None:
-    """Add our keys to LMCache's config definitions and config class.
-
-    Idempotent and thread-safe; call it before LMCache loads its config (the
-    package's connector entry does). Configs created earlier get the defaults
-    through class attributes.
-    """
-    from lmcache.v1 import config as lmc_config
-    from lmcache.v1.config_base import create_config_class
-
-    with _register_lock:
-        defs = lmc_config._CONFIG_DEFINITIONS
-        for spec in _KEYS:
-            defs.setdefault(
-                spec.key,
-                {
-                    "type": spec.type_,
-                    "default": spec.default,
-                    "env_converter": spec.convert,
-                    "description": spec.description,
-                },
-            )
-        cls = lmc_config.LMCacheEngineConfig
-        if all(k in cls.__dataclass_fields__ for k in KEY_NAMES):
-            return
-        # A throw-away class built from the widened definitions supplies the
-        # dataclass machinery (fields, __init__, __repr__, __eq__); moving it
-        # onto the existing class keeps `isinstance` and every import valid.
-        # The loaders (from_file/from_env/from_dict/update_config_from_env)
-        # already iterate `defs`, the same dict object.
-        wide = create_config_class(
-            config_name=cls.__name__,
-            config_definitions=defs,
-            config_aliases=getattr(lmc_config, "_CONFIG_ALIASES", None),
-            deprecated_configs=getattr(lmc_config, "_DEPRECATED_CONFIGS", None),
-        )
-        for attr in ("__init__", "__repr__", "__eq__", "__dataclass_fields__", "__match_args__"):
-            if attr in wide.__dict__:
-                setattr(cls, attr, wide.__dict__[attr])
-        for spec in _KEYS:
-            setattr(cls, spec.key, spec.default)
-

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 
 FLOOR_TOKENS = 128
 _EXTRA_KEYS = ("chunk_size", "lmcache.chunk_size")

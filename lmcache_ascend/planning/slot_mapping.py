@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lmcache_ascend.v1.groups import NULL_BLOCK_ID, SKIP, GroupKind, SchedulerGroup
+from lmcache_ascend.planning.groups import NULL_BLOCK_ID, SKIP, GroupKind, SchedulerGroup
 
 
 @dataclass(frozen=True)

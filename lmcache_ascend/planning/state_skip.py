@@ -18,14 +18,15 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence
 
-from lmcache_ascend.v1.config import AscendConfig
-from lmcache_ascend.v1.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.settings import AscendConfig
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 
 
 class SkipReason(str, enum.Enum):
     SPEC_ALLOWLIST = "spec_allowlist"
     LAYER_SUFFIX = "layer_suffix"
     NO_LAYERS = "no_layers"  # the group addresses no layer: nothing to move
+    NOT_TRANSFERABLE = "not_transferable"  # vLLM rebuilds it after a load
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,14 @@ def skipped_groups(groups: Sequence[SchedulerGroup], config: AscendConfig) -> tu
     for g in groups:
         if not g.layer_names:
             out.append(SkippedGroup(g.index, g.spec_name, SkipReason.NO_LAYERS, "addresses no layer"))
+            continue
+        if not g.transferable:
+            out.append(
+                SkippedGroup(
+                    g.index, g.spec_name, SkipReason.NOT_TRANSFERABLE,
+                    "vLLM excludes it from KV transfer (rebuilt from its source group after a load)",
+                )
+            )
             continue
         if not config.skip_state_groups:
             continue

@@ -20,10 +20,10 @@ from typing import Any, Optional, Sequence
 import numpy as np
 import torch
 
-from lmcache_ascend.v1.flatten import PlaneAddressing
-from lmcache_ascend.v1.groups import SKIP, ChunkRequest, Granularity
-from lmcache_ascend.v1.planner import KernelGroup, KernelOp, TransferPlan
-from lmcache_ascend.v1.slot_mapping import (
+from lmcache_ascend.planning.flatten import PlaneAddressing
+from lmcache_ascend.planning.groups import SKIP, ChunkRequest, Granularity
+from lmcache_ascend.planning.planner import KernelGroup, KernelOp, TransferPlan
+from lmcache_ascend.planning.slot_mapping import (
     ChunkAddresses,
     GroupAddress,
     chunks_pages,
@@ -80,7 +80,7 @@ class _KernelCall:
     @classmethod
     def build(cls, kg: KernelGroup, key_index: dict[PlaneAddressing, int]) -> "_KernelCall":
         first = kg.planes[0]
-        kernel_rows = [1 if p.granularity is Granularity.PAGE else p.block_size for p in first]
+        kernel_rows = [p.block_rows for p in first]
         counts = [a.rows_per_chunk for a in kg.addressing]
 
         def i64(values: Sequence[int]) -> torch.Tensor:
@@ -152,7 +152,7 @@ class ChunkTransfer:
             except ImportError as exc:
                 raise ImportError(
                     "lmcache_ascend.ops (the native transfer ops) is not built; build the "
-                    "package or pass ops= (e.g. lmcache_ascend.v1.reference_ops)"
+                    "package or pass ops= (e.g. lmcache_ascend.transfer.reference_ops)"
                 ) from exc
         return self._ops
 

@@ -3,7 +3,7 @@
 LMCache 0.5.6's in-process vLLM adapter builds its engine with a "GPU
 connector" that exists only for CUDA, XPU, MUSA and HPU; on any other device
 ``CreateGPUConnector`` raises. This shim (applied by ``import lmcache_ascend``,
-see ``lmcache_ascend._lmcache_hook``) changes exactly that, and only on
+see ``lmcache_ascend.lmcache_bridge.hook``) changes exactly that, and only on
 devices LMCache has no connector for:
 
 * ``CreateGPUConnector`` returns an :class:`AdapterChunkConnector`: our
@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import torch
 
-from lmcache_ascend.v1.engine_glue import PagedChunkConnector, TransferContext
+from lmcache_ascend.lmcache_bridge.chunk_io import LoadOutcome, PagedChunkConnector, TransferContext
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,9 @@ DYNAMIC = "LMCacheAscendConnectorV1Dynamic"
 NATIVE_DEVICES = frozenset({"cuda", "xpu", "musa", "hpu"})
 
 _announced = False
+# Keyword the guarded retrieve passes through LMCache to the chunk connector:
+# that call's own outcome record.
+OUTCOME_KWARG = "lmcache_ascend_outcome"
 
 
 def device_type() -> str:
@@ -113,7 +116,12 @@ class AdapterChunkConnector(PagedChunkConnector):
                 f"(first slots {real[:4].tolist()}); cannot address whole blocks"
             )
         block_ids = tuple(torch.div(firsts, bs, rounding_mode="floor").tolist())
-        return TransferContext(req_id=str(kwargs.get("req_id", "?")), block_ids=(block_ids,))
+        outcome = kwargs.get(OUTCOME_KWARG)
+        return TransferContext(
+            req_id=str(kwargs.get("req_id", "?")),
+            block_ids=(block_ids,),
+            outcome=outcome if isinstance(outcome, LoadOutcome) else LoadOutcome(),
+        )
 
 
 # ---- patches -----------------------------------------------------------------
@@ -124,7 +132,7 @@ def patch_v1_adapter(module: Any) -> None:
     cls = module.LMCacheConnectorV1Impl
     if getattr(cls, "_lmcache_ascend_patched", False):
         return
-    from lmcache_ascend.v1.config import register_config_keys
+    from lmcache_ascend.lmcache_bridge.config import register_config_keys
 
     register_config_keys()
     _patch_gpu_connector_factory()
@@ -177,7 +185,10 @@ def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
     global _announced
     from lmcache_ascend.compat import require_supported
     from lmcache_ascend.integration.vllm import vllm_layout
-    from lmcache_ascend.v1.engine_glue import enforce_engine_requirements, validate_engine_config
+    from lmcache_ascend.lmcache_bridge.config import enforce_engine_requirements, validate_engine_config
+    from lmcache_ascend.lmcache_bridge.engine import attach_logging
+
+    attach_logging()
 
     require_supported()
     validate_engine_config(config, os.environ)
@@ -197,12 +208,12 @@ def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
 
 def seed_lookup_hashes(adapter: Any) -> None:
     """The scheduler's lookup client hashes chunks in its own process: give
-    it the worker's deterministic chunk-hash seed (runtime.pin_init_hash)."""
-    from lmcache_ascend.integration.vllm import runtime
+    it the worker's deterministic chunk-hash seed (engine.pin_init_hash)."""
+    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
 
     client = adapter.lookup_client
     if client is not None and getattr(client, "token_database", None) is not None:
-        runtime.prepare_token_database(client, int(adapter.config.chunk_size), "adapter scheduler")
+        prepare_token_database(client, int(adapter.config.chunk_size), "adapter scheduler")
 
 
 def install_shutdown(adapter: Any) -> None:
@@ -219,11 +230,8 @@ def install_shutdown(adapter: Any) -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
     from lmcache_ascend.compat import vllm_features
-    from lmcache_ascend.integration.vllm.shutdown import (
-        bounded_close,
-        close_before_thread_join,
-        detach_remote_backends,
-    )
+    from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
+    from lmcache_ascend.lmcache_bridge.resources import bounded_close, detach_remote_backends
 
     parent = getattr(adapter, "_parent", None)
     if parent is None or type(parent).shutdown is not KVConnectorBase_V1.shutdown:
@@ -248,10 +256,11 @@ def bind(adapter: Any, kv_caches: Mapping[str, Any]) -> None:
 
 def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any, config: Any) -> None:
     """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
-    from lmcache_ascend.integration.vllm import runtime, vllm_layout
-    from lmcache_ascend.v1.config import AscendConfig
-    from lmcache_ascend.v1.device_connector import ChunkTransfer
-    from lmcache_ascend.v1.planner import build_plan
+    from lmcache_ascend.integration.vllm import vllm_layout, wiring
+    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
+    from lmcache_ascend.planning.planner import build_plan
+    from lmcache_ascend.planning.settings import AscendConfig
+    from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
 
     connector = getattr(engine, "gpu_connector", None)
     if not isinstance(connector, AdapterChunkConnector):
@@ -273,9 +282,9 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
         groups,
         int(config.chunk_size),
         AscendConfig.from_lmcache(config),
-        runtime.worker_layout_hints(kv_cache_config),
+        wiring.worker_layout_hints(kv_cache_config),
     )
-    transfer = ChunkTransfer(plan, kv_device=runtime.kv_device(kv_caches))
+    transfer = ChunkTransfer(plan, kv_device=wiring.kv_device(kv_caches))
     connector.bind(plan.chunk_bytes, transfer.store, transfer.load, groups[0].block_size)
     # Chunks of this layout must never meet chunks LMCache's own connectors
     # wrote (another byte layout) in shared or persistent storage.
@@ -284,9 +293,9 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
         if "+" not in metadata.model_name:
             metadata.model_name = f"{metadata.model_name}+{plan.layout_fingerprint}"
     _guard_engine(engine, connector)
-    runtime.prepare_token_database(engine, int(config.chunk_size), "adapter worker")
+    prepare_token_database(engine, int(config.chunk_size), "adapter worker")
     logger.info("lmcache-ascend adapter plan:\n%s", plan.describe())
-    runtime.log_copy_threads(transfer)
+    wiring.log_copy_threads(transfer)
 
 
 def _guard_engine(engine: Any, connector: AdapterChunkConnector) -> None:
@@ -295,9 +304,9 @@ def _guard_engine(engine: Any, connector: AdapterChunkConnector) -> None:
     retrieve, store = engine.retrieve, engine.store
 
     def guarded_retrieve(tokens, mask=None, **kwargs):
-        connector.stats.failed_from = None
+        outcome = kwargs.setdefault(OUTCOME_KWARG, LoadOutcome())
         ret = retrieve(tokens, mask, **kwargs)
-        failed = connector.stats.failed_from
+        failed = outcome.failed_from
         if failed is not None:
             with torch.inference_mode():  # LMCache returns an inference tensor
                 ret[failed:] = False  # the adapter reports these blocks to vLLM

@@ -25,7 +25,7 @@ from typing import Literal, Mapping, Optional, Sequence, Union
 
 import torch
 
-from lmcache_ascend.v1.groups import Granularity
+from lmcache_ascend.planning.groups import Granularity
 
 LayerEntry = Union[torch.Tensor, Sequence[torch.Tensor]]
 KVLayout = Literal["NHD", "HND"]

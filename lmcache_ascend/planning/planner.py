@@ -19,8 +19,8 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
-from lmcache_ascend.v1.config import AscendConfig
-from lmcache_ascend.v1.flatten import (
+from lmcache_ascend.planning.settings import AscendConfig
+from lmcache_ascend.planning.flatten import (
     FlatEntry,
     LayerPlanes,
     PlaneAddressing,
@@ -29,9 +29,9 @@ from lmcache_ascend.v1.flatten import (
     group_entries,
     place_layers,
 )
-from lmcache_ascend.v1.groups import Granularity, Plane, SchedulerGroup
-from lmcache_ascend.v1.kv_format import LayerEntry, LayoutHints
-from lmcache_ascend.v1.state_skip import (
+from lmcache_ascend.planning.groups import Granularity, Plane, SchedulerGroup
+from lmcache_ascend.planning.kv_format import LayerEntry, LayoutHints
+from lmcache_ascend.planning.state_skip import (
     SkippedGroup,
     skipped_groups,
     unrestorable_groups,
@@ -88,13 +88,6 @@ class KernelGroup:
     def num_planes(self) -> int:
         return len(self.addressing)
 
-    @property
-    def entry_bytes(self) -> int:
-        """Bytes of one entry (layer) in the chunk buffer."""
-        return sum(
-            a.rows_per_chunk * p.row_bytes for a, p in zip(self.addressing, self.planes[0])
-        )
-
     def group_bytes(self) -> dict[int, int]:
         out: dict[int, int] = {}
         for a, p in zip(self.addressing, self.planes[0]):
@@ -120,7 +113,8 @@ class PlaneSummary:
     group: int
     dtype: str
     granularity: str
-    block_size: int  # ROW: rows per block; PAGE: tokens per page
+    block_rows: int  # rows moved per block (PAGE: 1, the page)
+    block_tokens: int  # token positions one block covers
     row_bytes: int  # ROW: bytes per row; PAGE: bytes per page
     block_stride_bytes: int
     stored: bool
@@ -138,7 +132,7 @@ class LayerSummary:
         def one(p: Plane, stored: bool) -> PlaneSummary:
             return PlaneSummary(
                 p.plane_index, p.sched_group, p.dtype_name, p.granularity.value,
-                p.block_size, p.row_bytes, p.block_stride_bytes, stored,
+                p.block_rows, p.block_tokens, p.row_bytes, p.block_stride_bytes, stored,
             )
 
         planes = [one(p.plane, True) for p in lp.stored] + [one(p, False) for p in lp.unstored]
@@ -243,7 +237,7 @@ class TransferPlan:
                     kg.op.value, kg.labels, kg.plane_heads, kg.offset, kg.nbytes,
                     tuple(dataclasses.astuple(a) for a in kg.addressing),
                     tuple(
-                        (p.plane_index, p.dtype_name, p.granularity.value, p.block_size, p.row_bytes)
+                        (p.plane_index, p.dtype_name, p.granularity.value, p.block_rows, p.block_tokens, p.row_bytes)
                         for planes in kg.planes
                         for p in planes
                     ),
@@ -280,7 +274,7 @@ class TransferPlan:
             for q in layer.unstored:
                 g = by_index[q.sched_group]
                 if q.granularity is Granularity.PAGE:
-                    n = -(-self.chunk_size // q.block_size)
+                    n = -(-self.chunk_size // q.block_tokens)
                 else:
                     n = g.logical_rows(self.chunk_size)
                 out[g.index] = out.get(g.index, 0) + n * q.row_bytes

@@ -1,10 +1,10 @@
 """Run a real vLLM engine (CPU) through a scripted workload and report what
 came out: tokens, logprobs, cached-token counts and timings.
 
-Used by the integration tests, the demo and the end-to-end bench. It runs as
-``python -m lmcache_ascend.testing.engine_run SCENARIO.json OUT.json`` in its
-own process, so every engine starts from a clean slate (vLLM and LMCache
-keep process-wide singletons).
+Used by the demo and ``explain`` (and by the tests and the end-to-end bench).
+It runs as ``python -m lmcache_ascend.cli.engine_run SCENARIO.json OUT.json``
+in its own process, so every engine starts from a clean slate (vLLM and
+LMCache keep process-wide singletons).
 """
 
 from __future__ import annotations
@@ -161,64 +161,9 @@ def run(s: Scenario, progress=None) -> list[PhaseResult]:
     return results
 
 
-def _worker_plan(worker: Any) -> Optional[dict[str, Any]]:
-    """Runs inside each vLLM worker (collective_rpc): our connector's plan."""
-    from dataclasses import asdict as _asdict
-
-    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
-
-    if not has_kv_transfer_group():
-        return None
-    plan = getattr(get_kv_transfer_group(), "plan", None)
-    if plan is None:
-        return None
-    desc = plan.describe()
-    header = ["scheduler groups (vLLM KV cache groups):"]
-    for g in plan.groups:
-        header.append(
-            f"  g{g.index:<2} {g.spec_name:<24} {g.kind.value:<7} block {g.block_size} tokens, "
-            f"compress ratio {g.compress_ratio}, sliding window {g.sliding_window or '-'}, "
-            f"{len(g.layer_names)} layer(s)"
-        )
-    return {
-        "text": "\n".join(header) + "\n" + str(desc),
-        "plan": _asdict(desc),
-        "groups": [_asdict(g) for g in plan.groups],
-    }
-
-
-def explain_plan(
-    model: str,
-    dtype: str = "auto",
-    max_model_len: int = 4096,
-    engine_kwargs: Optional[dict[str, Any]] = None,
-    kv_extra: Optional[dict[str, Any]] = None,
-) -> dict[str, Any]:
-    """Start vLLM with the connector and return worker 0's transfer plan."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    # collective_rpc with a function needs the pickle-based message path.
-    os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
-    from vllm import LLM
-
-    s = Scenario(model=model, phases=[], dtype=dtype, max_model_len=max_model_len, kv_extra=dict(kv_extra or {}))
-    kwargs: dict[str, Any] = dict(
-        model=model, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
-        kv_transfer_config=kv_transfer_config(s),
-    )
-    kwargs.update(engine_kwargs or {})
-    llm = LLM(**kwargs)
-    try:
-        plans = [p for p in llm.collective_rpc(_worker_plan) if p is not None]
-    finally:
-        del llm
-    if not plans:
-        raise RuntimeError("the connector reported no plan (was it registered on the workers?)")
-    return plans[0]
-
-
 def main(argv: list[str]) -> int:
     if len(argv) != 3:
-        print("usage: python -m lmcache_ascend.testing.engine_run SCENARIO.json OUT.json", file=sys.stderr)
+        print("usage: python -m lmcache_ascend.cli.engine_run SCENARIO.json OUT.json", file=sys.stderr)
         return 2
     with open(argv[1]) as f:
         scenario = Scenario.from_json(json.load(f))

@@ -43,6 +43,10 @@ class SchedulerGroup:
     compress_ratio: int = 1
     sliding_window: int | None = None
     layer_names: tuple[str, ...] = ()
+    # vLLM may exclude a group from external KV transfer (its content is
+    # rebuilt from another group after a load, vLLM 0.32's
+    # KVCacheGroupSpec.enable_kv_transfer): such a group is never moved.
+    transferable: bool = True
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -103,25 +107,29 @@ class Plane:
     sched_group: int  # scheduler group whose block table addresses it
     dtype_name: str  # e.g. "bfloat16", "int8"; informational and grouping key
     granularity: Granularity
-    block_size: int  # ROW: rows per block; PAGE: tokens per block
+    # Rows of ``row_bytes`` the kernels move per block: ROW planes their rows
+    # per block, PAGE planes 1 (the page is one row of page bytes).
+    block_rows: int
+    block_tokens: int  # token positions one block covers (rows x compress ratio)
     num_blocks: int
     row_bytes: int  # ROW: bytes per row; PAGE: bytes per page
     block_stride_bytes: int  # bytes between consecutive blocks (>= payload)
     data_ptr: int = field(default=0, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("block_size", "num_blocks", "row_bytes", "block_stride_bytes"):
+        if self.granularity is Granularity.PAGE and self.block_rows != 1:
+            raise ValueError(
+                f"plane {self.layer_name}[{self.plane_index}]: a page plane moves one page "
+                f"per block (block_rows 1), got {self.block_rows}"
+            )
+        for name in ("block_rows", "block_tokens", "num_blocks", "row_bytes", "block_stride_bytes"):
             value = getattr(self, name)
             if value <= 0:
                 raise ValueError(
                     f"plane {self.layer_name}[{self.plane_index}]: {name} must be "
                     f"> 0, got {value}"
                 )
-        payload = (
-            self.row_bytes
-            if self.granularity is Granularity.PAGE
-            else self.block_size * self.row_bytes
-        )
+        payload = self.block_rows * self.row_bytes
         if self.block_stride_bytes < payload:
             raise ValueError(
                 f"plane {self.layer_name}[{self.plane_index}]: block_stride_bytes "

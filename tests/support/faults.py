@@ -5,8 +5,11 @@ of the real connector, ``FaultyLMCacheAscendConnectorV1Dynamic``, which a
 test selects explicitly through vLLM's ``kv_transfer_config``::
 
     {"kv_connector": "FaultyLMCacheAscendConnectorV1Dynamic",
-     "kv_connector_module_path": "lmcache_ascend.testing.faults",
+     "kv_connector_module_path": "faults",
      "kv_role": "kv_both"}
+
+This module is test support and is not shipped: the engine processes find it
+through ``PYTHONPATH`` (``support_env``).
 
 It behaves exactly like ``LMCacheAscendConnectorV1Dynamic`` unless one of
 these environment variables is set (vLLM's engine-core process inherits
@@ -30,7 +33,7 @@ Every injected fault logs one ``lmcache-ascend-faults:`` line.
 Test support, also here:
 
 * :func:`run_engine_process` runs an ``engine_run`` scenario in a fresh
-  process (``python -m lmcache_ascend.testing.faults SCENARIO OUT``) like the
+  process (``python -m faults SCENARIO OUT``) like the
   integration fixture does, but never waits past its timeout, reports a
   process still alive ``exit_bound_s`` after writing its results as hung at
   exit, and returns the exit code and timings either way;
@@ -57,7 +60,15 @@ from typing import Any, Callable, Optional
 logger = logging.getLogger(__name__)
 
 FAULTY_CONNECTOR = "FaultyLMCacheAscendConnectorV1Dynamic"
-FAULTS_MODULE = "lmcache_ascend.testing.faults"
+FAULTS_MODULE = "faults"
+SUPPORT_DIR = Path(__file__).resolve().parent
+
+
+def support_env(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with this folder on PYTHONPATH, so vLLM's engine processes can
+    import the faulty connector by its module path."""
+    paths = [str(SUPPORT_DIR)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 FAULT_LOG_TAG = "lmcache-ascend-faults:"
 
 
@@ -152,7 +163,7 @@ def _build_faulty_connector():
 
         def register_kv_caches(self, kv_caches) -> None:
             super().register_kv_caches(kv_caches)
-            gpu = self._worker.engine.gpu_connector  # PagedChunkConnector
+            gpu = self._worker.engine.engine.gpu_connector  # LMCache engine's PagedChunkConnector
             store = FailPlan.parse(os.environ.get("LMCA_FAULT_STORE_FAIL"), "LMCA_FAULT_STORE_FAIL")
             if store is not None:
                 gpu._store = _failing(gpu._store, store, "store (KV -> chunk buffer)")
@@ -221,7 +232,7 @@ class EngineProcess:
 
 def _driver(scenario_path: str, out_path: str) -> int:
     """Child side: engine_run.run with a timestamped progress line per phase."""
-    from lmcache_ascend.testing.engine_run import Scenario, run
+    from lmcache_ascend.cli.engine_run import Scenario, run
 
     with open(scenario_path) as f:
         scenario = Scenario.from_json(json.load(f))
@@ -252,7 +263,7 @@ def run_engine_process(
     killed (its whole session) and reported with ``hung_at_exit=True`` (its
     results are still returned).
     """
-    from lmcache_ascend.testing.engine_run import Completion, PhaseResult
+    from lmcache_ascend.cli.engine_run import Completion, PhaseResult
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -266,6 +277,7 @@ def run_engine_process(
     full_env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
     full_env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
     full_env.update(env or {})
+    full_env = support_env(full_env)
     t0 = time.time()
     timed_out = hung = False
     results_at: Optional[float] = None
@@ -339,7 +351,7 @@ def reliability_prompts() -> dict[str, list[int]]:
     ``E0``..``E11``: 2 whole chunks + 20 tokens (eviction, store faults,
     outages).
     """
-    from lmcache_ascend.testing.tiny_models import token_prompt
+    from lmcache_ascend.cli.tiny_models import token_prompt
 
     out = {f"S{i}": token_prompt(3 * CHUNK + 60, seed=100 + i) for i in range(6)}
     out.update({f"E{i}": token_prompt(2 * CHUNK + 20, seed=300 + i) for i in range(12)})
@@ -352,7 +364,7 @@ _REFERENCE: dict[tuple, dict[str, Any]] = {}
 def reference_outputs(model: str, workdir: Path, max_tokens: int = 8) -> dict[str, Any]:
     """No-connector completions of every :func:`reliability_prompts` prompt
     (name -> ``Completion``), from one sequential engine run per process."""
-    from lmcache_ascend.testing.engine_run import Phase, Scenario
+    from lmcache_ascend.cli.engine_run import Phase, Scenario
 
     key = (model, max_tokens)
     if key not in _REFERENCE:
@@ -386,7 +398,7 @@ def mismatch(got: Any, ref: Any, tol: float = LOGPROB_TOL) -> Optional[str]:
 
 
 @dataclass(frozen=True)
-class RequestTransfer:
+class RequestSummary:
     """One ``lmcache-ascend: request N-...: hit ...`` summary line of the worker."""
 
     hit: int
@@ -402,13 +414,13 @@ _REQUEST_LINE = re.compile(
 )
 
 
-def request_transfers(log: str) -> dict[int, RequestTransfer]:
+def request_transfers(log: str) -> dict[int, RequestSummary]:
     """Per-request transfer summaries from an engine log, by the request's
     submission number (vLLM's offline ``LLM`` numbers requests 0, 1, ...)."""
-    out: dict[int, RequestTransfer] = {}
+    out: dict[int, RequestSummary] = {}
     for m in _REQUEST_LINE.finditer(log):
         n, hit, had, loaded, err, stored = m.groups()
-        out[int(n)] = RequestTransfer(int(hit), int(had), int(loaded), int(stored), err is not None)
+        out[int(n)] = RequestSummary(int(hit), int(had), int(loaded), int(stored), err is not None)
     return out
 
 

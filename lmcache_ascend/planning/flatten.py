@@ -15,8 +15,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from lmcache_ascend.v1.groups import GroupKind, Granularity, Plane, SchedulerGroup
-from lmcache_ascend.v1.kv_format import (
+from lmcache_ascend.planning.groups import GroupKind, Granularity, Plane, SchedulerGroup
+from lmcache_ascend.planning.kv_format import (
     LayerEntry,
     LayerFormat,
     LayoutError,
@@ -58,7 +58,7 @@ class PlacedPlane:
     def key(self) -> tuple:
         p, a = self.plane, self.addressing
         return (
-            a.sched_group, p.granularity.value, p.dtype_name, p.block_size, p.row_bytes,
+            a.sched_group, p.granularity.value, p.dtype_name, p.block_rows, p.block_tokens, p.row_bytes,
             p.block_stride_bytes, p.num_blocks, a.compress_ratio, a.manager_rows,
             a.kernel_split, a.rows_per_chunk,
         )
@@ -141,8 +141,7 @@ def element_groups(
 def _addressing(
     layer: str, geom: PlaneGeom, group: SchedulerGroup, ratio: int, chunk_size: int
 ) -> tuple[PlaneAddressing, int]:
-    """Addressing of a stored plane and its kernel block size (ROW: rows per
-    block; PAGE: tokens per kernel page)."""
+    """Addressing of a stored plane and the rows of its kernel blocks."""
     if group.block_size % ratio:
         raise ValueError(
             f"layer {layer!r}: compress ratio {ratio} does not divide group {group.index}'s "
@@ -159,13 +158,10 @@ def _addressing(
     split = manager_rows // rows
     view = dataclasses.replace(group, compress_ratio=ratio) if ratio != group.compress_ratio else group
     if geom.granularity is Granularity.ROW:
-        per_chunk, kernel_block = view.physical_rows(chunk_size), rows
+        per_chunk = view.physical_rows(chunk_size)
     else:
-        per_chunk, kernel_block = view.physical_pages(chunk_size) * split, rows * ratio
-    return (
-        PlaneAddressing(group.index, geom.granularity, ratio, manager_rows, split, per_chunk),
-        kernel_block,
-    )
+        per_chunk = view.physical_pages(chunk_size) * split
+    return PlaneAddressing(group.index, geom.granularity, ratio, manager_rows, split, per_chunk), rows
 
 
 def place_layers(
@@ -238,17 +234,21 @@ def place_layers(
         for geom in layout.planes:
             group = by_index[mapping[geom.element]]
             if group.index in not_stored or group.kind is GroupKind.STATE:
+                page = geom.granularity is Granularity.PAGE
                 unstored.append(
                     Plane(
                         name, geom.element, group.index, geom.dtype_name, geom.granularity,
-                        group.block_size if geom.granularity is Granularity.PAGE else geom.rows_per_block,
+                        1 if page else geom.rows_per_block,
+                        group.block_size if page else geom.rows_per_block * group.compress_ratio,
                         geom.num_blocks, geom.row_bytes, geom.block_stride_bytes, geom.data_ptr,
                     )
                 )
                 continue
-            addr, kernel_block = _addressing(name, geom, group, ratio or group.compress_ratio, chunk_size)
+            plane_ratio = ratio or group.compress_ratio
+            addr, rows = _addressing(name, geom, group, plane_ratio, chunk_size)
             plane = Plane(
-                name, geom.element, group.index, geom.dtype_name, geom.granularity, kernel_block,
+                name, geom.element, group.index, geom.dtype_name, geom.granularity,
+                1 if geom.granularity is Granularity.PAGE else rows, rows * plane_ratio,
                 geom.num_blocks, geom.row_bytes, geom.block_stride_bytes, geom.data_ptr,
             )
             stored.append(PlacedPlane(plane, addr, geom.head))

@@ -1,0 +1,48 @@
+"""``lmcache-ascend explain``: start vLLM with the connector on a model and
+print the transfer plan its worker logged (groups, bytes per chunk against
+naive sizing, kernel groups, op calls per chunk, skipped groups).
+
+The plan is read from the worker's log record, so no engine setting is
+changed for it (in particular no insecure RPC serialization).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lmcache_ascend.cli.engine_run import Scenario
+from lmcache_ascend.cli.spawn import plan_from_log, run_scenario
+
+
+def engine_args(items: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--engine-arg expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    scenario = Scenario(
+        model=args.model,
+        phases=[],
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        engine_kwargs=engine_args(args.engine_arg or []),
+    )
+    with tempfile.TemporaryDirectory(prefix="lmcache-ascend-explain-") as tmp:
+        _, log = run_scenario(scenario, "explain", Path(tmp), quiet=True)
+    record = plan_from_log(log)
+    if record is None:
+        raise SystemExit("the connector logged no plan (did it start on the worker?)")
+    print(json.dumps(record, indent=2) if args.json else record["text"])
+    return 0

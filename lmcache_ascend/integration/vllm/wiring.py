@@ -1,0 +1,207 @@
+"""Builds the scheduler and worker halves from a vLLM config.
+
+The one place that joins vLLM's view (through ``vllm_layout``), our planning
+and LMCache (through ``lmcache_bridge``), so the entry class stays a thin
+role bridge and each half receives the resources it owns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
+
+import torch
+
+from lmcache_ascend.integration.vllm import vllm_layout
+from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
+from lmcache_ascend.integration.vllm.worker import WorkerHalf
+from lmcache_ascend.planning.agreement import HalfAgreement
+from lmcache_ascend.planning.groups import SchedulerGroup
+from lmcache_ascend.planning.settings import AscendConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectorSetup:
+    """Everything both halves derive from the configs, alike."""
+
+    lmcache_config: Any  # LMCacheEngineConfig
+    ascend_config: AscendConfig
+    groups: tuple[SchedulerGroup, ...]
+    chunk_size: int
+    engine: Any  # lmcache_bridge.engine.EngineSpec
+    agreement: HalfAgreement
+
+
+def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
+    from lmcache.integration.vllm.utils import lmcache_get_or_create_config
+
+    from lmcache_ascend.lmcache_bridge.config import (
+        apply_extra_config,
+        enforce_engine_requirements,
+        register_config_keys,
+        validate_engine_config,
+    )
+    from lmcache_ascend.lmcache_bridge.engine import EngineSpec, attach_logging
+
+    attach_logging()
+    register_config_keys()
+    config = lmcache_get_or_create_config()
+    extra = vllm_layout.kv_transfer_extra_config(vllm_config)
+    apply_extra_config(config, extra)
+    # LMCache converts its LMCACHE_* variables itself; re-read them only to
+    # name a value it dropped (it keeps None) in the error.
+    validate_engine_config(config, os.environ)
+    groups = vllm_layout.scheduler_groups(kv_cache_config)
+    enforce_engine_requirements(config, len(groups))
+    _default_chunk_size(config, groups, extra)
+    chunk_size = int(config.chunk_size)
+    if chunk_size <= 0:
+        raise ValueError(f"LMCache chunk_size must be > 0, got {chunk_size}")
+    model, engine_id, rank, world = vllm_layout.engine_identity(vllm_config)
+    ascend = AscendConfig.from_lmcache(config)
+    return ConnectorSetup(
+        lmcache_config=config,
+        ascend_config=ascend,
+        groups=groups,
+        chunk_size=chunk_size,
+        engine=EngineSpec(model, engine_id, rank, world, chunk_size, extra),
+        agreement=HalfAgreement.of(groups, chunk_size, ascend),
+    )
+
+
+def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: Mapping[str, Any]) -> None:
+    """Unless the user chose one, chunk as finely as vLLM's blocks (see
+    ``planning/chunking.py``)."""
+    from lmcache_ascend.planning.chunking import chunk_size_configured, default_chunk_size
+
+    current = int(config.chunk_size)
+    size, replaced = default_chunk_size(groups, chunk_size_configured(extra, os.environ), current)
+    if not replaced:
+        return
+    logger.info(
+        "lmcache-ascend: chunk_size not set; using %d tokens (vLLM's block granularity) "
+        "instead of LMCache's default %d: a chunk must be a whole number of every "
+        "group's blocks, and a hit then leaves no more tokens to compute than vLLM's "
+        "own prefix cache does. Set chunk_size to choose another.",
+        size,
+        current,
+    )
+    config.chunk_size = size
+
+
+def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHalf:
+    """The scheduler half with its LMCache lookup client."""
+    from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
+    from lmcache_ascend.planning.state_skip import unrestorable_groups
+
+    setup = load_setup(vllm_config, kv_cache_config)
+    vllm_layout.ensure_recompute_on_load_failure(vllm_config)
+    half = SchedulerHalf(
+        setup.groups,
+        setup.chunk_size,
+        SchedulerLookup.create(setup.lmcache_config, setup.engine),
+        hit_blockers=unrestorable_groups(setup.groups, setup.ascend_config),
+        agreement=setup.agreement,
+    )
+    logger.info(
+        "lmcache-ascend scheduler: %d KV cache group(s) %s, chunk %d tokens (plan %s)",
+        len(setup.groups),
+        [f"{g.index}:{g.kind.value}/{g.spec_name}/bs{g.block_size}" for g in setup.groups],
+        setup.chunk_size,
+        setup.agreement.fingerprint,
+    )
+    return half
+
+
+def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping[str, Any]) -> WorkerHalf:
+    """Plans transfers for ``kv_caches`` and starts this worker's LMCache
+    engine and lookup server (owned by the returned half)."""
+    from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector
+    from lmcache_ascend.lmcache_bridge.engine import WorkerEngine, checksums_enabled
+    from lmcache_ascend.planning.planner import build_plan
+    from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
+
+    setup = load_setup(vllm_config, kv_cache_config)
+    hints = worker_layout_hints(kv_cache_config)
+    plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
+    transfer = ChunkTransfer(plan, kv_device=kv_device(kv_caches))
+    connector = PagedChunkConnector(
+        plan.chunk_bytes,
+        setup.chunk_size,
+        transfer.store,
+        transfer.load,
+        checksums=checksums_enabled(setup.lmcache_config),
+    )
+    engine = WorkerEngine.start(
+        setup.lmcache_config, setup.engine, connector, plan.chunk_bytes, len(kv_caches), plan.layout_fingerprint
+    )
+    half = WorkerHalf(setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement)
+    text = plan_text(setup.groups, plan)
+    logger.info("lmcache-ascend worker plan (%s):\n%s", setup.agreement.fingerprint, text)
+    log_copy_threads(transfer)
+    # One machine-readable record for tools that read logs (demo, explain).
+    record = {
+        "text": text,
+        "plan": dataclasses.asdict(plan.describe()),
+        "groups": [dataclasses.asdict(g) for g in setup.groups],
+        "agreement": setup.agreement.fingerprint,
+    }
+    logger.info("LMCACHE_ASCEND_PLAN_JSON %s", json.dumps(record, default=str, separators=(",", ":")))
+    return half
+
+
+def plan_text(groups: tuple[SchedulerGroup, ...], plan: Any) -> str:
+    """vLLM's KV cache groups as the connector read them, then the plan."""
+    lines = ["scheduler groups (vLLM KV cache groups):"]
+    for g in groups:
+        lines.append(
+            f"  g{g.index:<2} {g.spec_name:<24} {g.kind.value:<7} block {g.block_size} tokens, "
+            f"compress ratio {g.compress_ratio}, sliding window {g.sliding_window or '-'}, "
+            f"{len(g.layer_names)} layer(s)"
+        )
+    return "\n".join(lines) + "\n" + str(plan.describe())
+
+
+def log_copy_threads(transfer: Any) -> Optional[int]:
+    """Says how many threads the CPU copies use; warns when the ops module
+    was built without OpenMP and so copies on one of several threads."""
+    used = transfer.copy_threads()
+    if used is None:
+        return None
+    available = torch.get_num_threads()
+    if used < available:
+        logger.warning(
+            "lmcache-ascend CPU copies use %d of torch's %d threads: lmcache_ascend.ops "
+            "was built without torch's OpenMP runtime (see the CMake warning of the "
+            "build); loads and stores run at single-thread memory bandwidth",
+            used,
+            available,
+        )
+    else:
+        logger.info("lmcache-ascend CPU copies use %d thread(s)", used)
+    return used
+
+
+def worker_layout_hints(kv_cache_config: Any):
+    """vLLM-CPU attention blocks are opaque pages (K is transposed inside a
+    block); other platforms hand over token-row tensors in the layout vLLM
+    resolved (NHD/HND), possibly with per-layer compress ratios."""
+    from lmcache_ascend.planning.kv_format import LayoutHints
+
+    if vllm_layout.is_cpu_platform():
+        return LayoutHints(opaque_pages=True)
+    facts = vllm_layout.layout_facts(kv_cache_config)
+    return LayoutHints(kv_layout=facts.kv_layout, layer_compress_ratio=facts.layer_compress_ratio)
+
+
+def kv_device(kv_caches: Mapping[str, Any]) -> torch.device:
+    for entry in kv_caches.values():
+        tensor = entry if isinstance(entry, torch.Tensor) else next(iter(entry))
+        return tensor.device
+    return torch.device("cpu")

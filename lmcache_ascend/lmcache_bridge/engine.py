@@ -1,0 +1,236 @@
+"""LMCache's engine, lookup client and lookup server as the connector's two
+halves own them.
+
+* :class:`SchedulerLookup` (scheduler process): LMCache's lookup client,
+  called as ``lookup(token_ids, req_id)``; ``close()``.
+* :class:`WorkerEngine` (worker process): one ``LMCacheEngine`` with our
+  chunk connector, and its lookup server; ``retrieve``/``store``/``unpin``;
+  ``close()``.
+
+Both start their chunk-hash chain from the same deterministic seed and
+memoize prefix hashes (:func:`prepare_token_database`). Imports LMCache,
+never vLLM.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Sequence
+
+import torch
+
+from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext
+from lmcache_ascend.lmcache_bridge.resources import bounded_close, detach_remote_backends
+
+logger = logging.getLogger(__name__)
+
+ENGINE_INSTANCE_PREFIX = "lmcache-ascend"
+# vLLM 0.32's seed of its block-hash chain when PYTHONHASHSEED is unset
+# (vllm/v1/core/kv_cache_utils.py, DEFAULT_NONE_HASH_SEED).
+NONE_HASH_SEED = "vllm-none-hash"
+
+_logging_lock = threading.Lock()
+_logging_attached = False
+
+
+def attach_logging() -> None:
+    """Our loggers (``lmcache_ascend.*``) follow LMCache's logging setup
+    (handler, format, ``LMCACHE_LOG_LEVEL``) from the moment a connector
+    starts: LMCache's own ``init_logger`` configures the package logger."""
+    global _logging_attached
+    with _logging_lock:
+        if _logging_attached:
+            return
+        from lmcache.logging import init_logger
+
+        init_logger("lmcache_ascend")
+        _logging_attached = True
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """What LMCache's metadata needs to know about this engine."""
+
+    model_name: str
+    engine_id: str
+    rank: int
+    world_size: int
+    chunk_size: int
+    extra_config: Mapping[str, Any]
+
+    def metadata(self, role: str, chunk_bytes: int = 0, num_layers: int = 1) -> ChunkBufferMetadata:
+        return ChunkBufferMetadata(
+            model_name=self.model_name,
+            world_size=self.world_size,
+            local_world_size=self.world_size,
+            worker_id=self.rank,
+            local_worker_id=self.rank,
+            kv_dtype=torch.uint8,
+            kv_shape=(max(1, num_layers), 1, self.chunk_size, 1, 1),
+            use_mla=False,
+            role=role,
+            chunk_size=self.chunk_size,
+            engine_id=self.engine_id,
+            kv_connector_extra_config=dict(self.extra_config),
+            chunk_bytes=chunk_bytes,
+        )
+
+
+def pin_init_hash(db: Any) -> int:
+    """Make ``db``'s chunk-hash chain start from a seed every process derives
+    alike: ``PYTHONHASHSEED`` when set, else vLLM 0.32's fixed seed, hashed
+    with the database's own hash function. LMCache copies vLLM's NONE_HASH,
+    which vLLM < 0.32 draws from os.urandom per process when PYTHONHASHSEED is
+    unset, so the scheduler's lookups and the worker's stores would never
+    meet. The value equals what LMCache computes itself on vLLM 0.32, so
+    chunks are shared between engines of every supported vLLM. Pinned per
+    instance: a later token database re-seeds LMCache's module global."""
+    from lmcache.v1.token_database import _normalize_hash_to_int
+
+    seed = os.environ.get("PYTHONHASHSEED") or NONE_HASH_SEED
+    value = _normalize_hash_to_int(db.hash_func(seed))
+    db._get_init_hash = lambda: value
+    return value
+
+
+def prepare_token_database(owner: Any, chunk_size: int, where: str) -> Optional[Any]:
+    """Pins the chunk-hash seed of ``owner.token_database`` (an LMCache engine
+    or lookup client) and memoizes its prefix hashes (see hash_memo.py).
+    Returns the memo."""
+    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    from lmcache_ascend.lmcache_bridge import hash_memo
+
+    db = getattr(owner, "token_database", None)
+    if not isinstance(db, ChunkedTokenDatabase):
+        logger.info(
+            "lmcache-ascend %s: chunk prefix hashes are not memoized (%s uses %s)",
+            where,
+            type(owner).__name__,
+            type(db).__name__,
+        )
+        return None
+    memo = getattr(db, "lmcache_ascend_hash_memo", None)
+    if memo is None:  # a bypass lookup client shares the engine's database
+        seed = pin_init_hash(db)  # before the memo captures _get_init_hash
+        memo = hash_memo.install(db, chunk_size)
+        logger.info(
+            "lmcache-ascend %s: chunk hashes seeded with %#x, prefix hashes memoized "
+            "(last %d chunks)",
+            where,
+            seed,
+            memo.capacity,
+        )
+    return memo
+
+
+def checksums_enabled(config: Any) -> bool:
+    """Chunks that leave this process (disk, remote) can come back damaged;
+    LMCache 0.5.6 does not verify them, so we checksum every chunk then."""
+    return bool(config.local_disk or config.remote_url)
+
+
+class SchedulerLookup:
+    """The scheduler's lookup over an LMCache lookup client: tokens of the
+    longest stored prefix, or None when nothing answered (timeout, transport
+    error; LMCache's client returns 0 for those exactly as for a miss)."""
+
+    def __init__(self, client: Any, chunk_size: int) -> None:
+        self._client = client
+        self._chunk_size = chunk_size
+
+    @classmethod
+    def create(cls, lmcache_config: Any, spec: EngineSpec) -> "SchedulerLookup":
+        from lmcache.v1.lookup_client.factory import LookupClientFactory
+
+        client = LookupClientFactory.create_lookup_client(lmcache_config, spec.metadata("scheduler"))
+        prepare_token_database(client, spec.chunk_size, "scheduler")
+        return cls(client, spec.chunk_size)
+
+    def __call__(self, token_ids: Sequence[int], req_id: str) -> Optional[int]:
+        tokens = list(token_ids)
+        client = self._client
+        try:
+            hit = client.lookup(tokens, lookup_id=req_id)
+            # The client records a result only when the lookup server
+            # answered; a timeout or transport error returns 0 unrecorded.
+            answered = hit is not None and client.lookup_cache(req_id) != -1
+        finally:
+            # We keep hits ourselves; LMCache's per-request record would
+            # otherwise grow for the life of the server.
+            client.clear_lookup_status(req_id)
+        if not answered and len(tokens) >= self._chunk_size:
+            return None
+        return int(hit or 0)
+
+    def close(self) -> None:
+        bounded_close("lookup client", self._client.close)
+
+
+_engine_lock = threading.Lock()
+
+
+class WorkerEngine:
+    """This worker's LMCache engine (with ``connector`` as its GPU connector)
+    and the lookup server the scheduler's client asks."""
+
+    def __init__(self, engine: Any, server: Any, instance_id: str) -> None:
+        self.engine = engine
+        self._server = server
+        self.instance_id = instance_id
+        self._closed = False
+
+    @classmethod
+    def start(
+        cls, lmcache_config: Any, spec: EngineSpec, connector: Any, chunk_bytes: int, num_layers: int,
+        layout_fingerprint: str,
+    ) -> "WorkerEngine":
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+        from lmcache.v1.lookup_client.factory import LookupClientFactory
+
+        metadata = spec.metadata("worker", chunk_bytes, num_layers)
+        # Chunk keys carry the model name; adding the buffer layout's
+        # fingerprint keeps chunks of different layouts (bundled vs exploded,
+        # another chunk size) apart in shared or persistent storage. ("@"
+        # separates key fields in LMCache's key strings, so use "+".)
+        metadata.model_name = f"{spec.model_name}+{layout_fingerprint}"
+        instance_id = f"{ENGINE_INSTANCE_PREFIX}-{spec.engine_id}-{spec.rank}"
+        with _engine_lock:
+            engine = LMCacheEngineBuilder.get_or_create(
+                instance_id, lmcache_config, metadata, connector, _broadcast_noop, _broadcast_object_noop
+            )
+            engine.post_init()
+            prepare_token_database(engine, spec.chunk_size, "worker")
+        server = LookupClientFactory.create_lookup_server(engine, metadata)
+        return cls(engine, server, instance_id)
+
+    def retrieve(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> torch.Tensor:
+        return self.engine.retrieve(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
+
+    def store(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> None:
+        self.engine.store(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
+
+    def unpin(self, req_id: str) -> None:
+        self.engine.lookup_unpin(req_id)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+
+        if self._server is not None:
+            bounded_close("lookup server", self._server.close)
+        bounded_close("remote backends", lambda: detach_remote_backends(self.engine))
+        bounded_close("LMCache engine", lambda: LMCacheEngineBuilder.destroy(self.instance_id))
+
+
+def _broadcast_noop(tensor: torch.Tensor, src: int) -> torch.Tensor:
+    return tensor
+
+
+def _broadcast_object_noop(obj: Any, src: int) -> Any:
+    return obj

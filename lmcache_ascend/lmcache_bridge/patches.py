@@ -1,0 +1,127 @@
+"""The patches lmcache-ascend applies to LMCache's modules, and the gate.
+
+Each patch names the LMCache module it changes, the LMCache releases it was
+verified on, and the upstream problem it works around. ``apply`` runs a patch
+once, when its module has executed (``hook.py``), and only when the installed
+LMCache is one of those releases; on any other release LMCache is left as it
+is and one warning says so (the connectors then refuse to start, naming the
+supported versions, see ``lmcache_ascend.compat``). Every patch has a test
+that fails without it (tests/unit/test_lmcache_fixes.py,
+test_ascend_config.py, test_adapter_shim.py).
+
+Imports nothing of LMCache at import time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Callable
+
+from lmcache_ascend.compat import installed_lmcache_version, supported_text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Patch:
+    name: str
+    module: str  # the LMCache module it changes, patched right after it executed
+    verified_on: tuple[str, ...]  # LMCache releases
+    works_around: str
+    apply: Callable[[ModuleType], None]
+
+
+def _shield_pq_executor(module: ModuleType) -> None:
+    import asyncio
+
+    cls = module.AsyncPQExecutor
+
+    async def submit_job(self, fn, *args, **kwargs):
+        priority = kwargs.pop("priority", 0)
+        done = self.loop.create_future()
+        await self._queue.put((priority, next(self._counter), fn, args, kwargs, done))
+        return await asyncio.shield(done)
+
+    cls.submit_job = submit_job
+    cls._lmcache_ascend_shielded = True  # tests and explain read it
+
+
+def _register_config_keys(module: ModuleType) -> None:
+    from lmcache_ascend.lmcache_bridge.config import register_config_keys
+
+    register_config_keys()
+
+
+def _shim_vllm_adapter(module: ModuleType) -> None:
+    from lmcache_ascend.lmcache_bridge.adapter_shim import patch_v1_adapter
+
+    patch_v1_adapter(module)
+
+
+PATCHES: tuple[Patch, ...] = (
+    Patch(
+        "pq_executor_shield",
+        "lmcache.v1.storage_backend.job_executor.pq_executor",
+        ("0.5.6",),
+        "AsyncPQExecutor.submit_job awaits its job's future directly, so a "
+        "cancelled caller cancels it and the worker dies on set_result; "
+        "RemoteBackend.batched_get_blocking cancels every get behind a failed "
+        "one, so a few damaged remote entries kill all workers and every later "
+        "remote call (even a lookup's exists) waits forever. Shield the future.",
+        _shield_pq_executor,
+    ),
+    Patch(
+        "config_keys",
+        "lmcache.v1.config",
+        ("0.5.6",),
+        "LMCache's config has no registry for plugin keys that its yaml, "
+        "environment and kv_connector_extra_config loaders all read: our ascend_* "
+        "keys are added to its definitions and config class (lmcache_bridge/config.py).",
+        _register_config_keys,
+    ),
+    Patch(
+        "vllm_adapter_shim",
+        "lmcache.integration.vllm.vllm_v1_adapter",
+        ("0.5.6",),
+        "LMCache's in-process vLLM adapter has GPU connectors for CUDA, XPU, MUSA "
+        "and HPU only ('No supported cpu connector found'); on the CPU and NPUs the "
+        "shim gives it our chunk path (lmcache_bridge/adapter_shim.py).",
+        _shim_vllm_adapter,
+    ),
+)
+BY_MODULE: dict[str, Patch] = {p.module: p for p in PATCHES}
+
+_lock = threading.Lock()
+_applied: set[str] = set()
+_refused: set[str] = set()
+
+
+def apply(patch: Patch, module: ModuleType) -> bool:
+    """Applies ``patch`` to ``module`` once; False if it is not (or not yet)
+    applied because the installed LMCache is not a verified release."""
+    version = installed_lmcache_version()
+    with _lock:
+        if patch.name in _applied:
+            return True
+        if version not in patch.verified_on:
+            if not _refused:
+                logger.warning(
+                    "lmcache-ascend: LMCache %s is not a release its patches were verified on "
+                    "(%s); LMCache is left unpatched. Supported: %s",
+                    version,
+                    ", ".join(sorted({v for p in PATCHES for v in p.verified_on})),
+                    supported_text(),
+                )
+            _refused.add(patch.name)
+            return False
+        patch.apply(module)
+        _applied.add(patch.name)
+        return True
+
+
+def applied() -> frozenset[str]:
+    with _lock:
+        return frozenset(_applied)

@@ -1,0 +1,137 @@
+"""The two halves' contracts that do not need a vLLM engine: each load's
+outcome comes back with its own call, checksum and copy failures reach the
+exported counters, each half closes what it owns, and the worker refuses
+transfers planned under another chunk size or grouping."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="the halves report through vLLM's stats types")
+
+from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
+from lmcache_ascend.integration.vllm.stats import COUNTER_NAMES, AscendConnectorStats
+from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, RequestTransfer, StepTransfers
+from lmcache_ascend.integration.vllm.worker import WorkerHalf
+from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext
+from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.settings import AscendConfig
+
+CHUNK, PAYLOAD = 4, 16
+GROUPS = (SchedulerGroup(0, GroupKind.FULL, "FullAttentionSpec", 4, layer_names=("l0",)),)
+
+
+def _obj(payload: bytes) -> SimpleNamespace:
+    """A MemoryObj stand-in: LMCache's chunk connector only reads ``tensor``."""
+    buf = torch.zeros(64, dtype=torch.uint8)
+    buf[: len(payload)] = torch.tensor(list(payload), dtype=torch.uint8)
+    return SimpleNamespace(tensor=buf)
+
+
+def _connector(loaded: list[int]) -> PagedChunkConnector:
+    def load(buf, req):
+        loaded.append(req.start)
+
+    return PagedChunkConnector(PAYLOAD, CHUNK, store=lambda buf, req: None, load=load, checksums=True)
+
+
+def _sealed(conn: PagedChunkConnector, fill: int) -> SimpleNamespace:
+    obj = _obj(bytes([fill]) * PAYLOAD)
+    conn._seal(obj.tensor)  # the trailer a store writes
+    return obj
+
+
+def test_each_retrieve_gets_its_own_outcome():
+    loaded: list[int] = []
+    conn = _connector(loaded)
+    good = [_sealed(conn, i) for i in range(3)]
+    bad = _sealed(conn, 9)
+    bad.tensor[0] ^= 0xFF  # one flipped byte: the checksum no longer matches
+    first = TransferContext("a", ((1, 2, 3),))
+    second = TransferContext("b", ((1, 2, 3),))
+    conn.batched_to_gpu([good[0], bad, good[1]], [0, 4, 8], [4, 8, 12], lmcache_ascend_ctx=first)
+    conn.batched_to_gpu([good[2]], [0], [4], lmcache_ascend_ctx=second)
+    # The bad chunk and everything after it stayed out of vLLM's KV.
+    assert loaded == [0, 0]
+    assert (first.outcome.failed_from, first.outcome.checksum_failures, first.outcome.loaded_chunks) == (4, 1, 1)
+    # A later call starts clean: nothing of the first leaks into it.
+    assert (second.outcome.failed_from, second.outcome.checksum_failures, second.outcome.loaded_chunks) == (None, 0, 1)
+
+
+class _Engine:
+    """A WorkerEngine stand-in that runs LMCache's side of a retrieve: it
+    hands the chunks to the real chunk connector with the caller's context."""
+
+    def __init__(self, conn: PagedChunkConnector, objs: list) -> None:
+        self.conn, self.objs, self.closed, self.unpinned = conn, objs, 0, []
+
+    def retrieve(self, tokens, mask, ctx):
+        starts = list(range(0, len(tokens), CHUNK))
+        self.conn.batched_to_gpu(self.objs, starts, [s + CHUNK for s in starts], lmcache_ascend_ctx=ctx)
+        ret = torch.ones(len(tokens), dtype=torch.bool)
+        return ret
+
+    def unpin(self, req_id):
+        self.unpinned.append(req_id)
+
+    def close(self):
+        self.closed += 1
+
+
+def _worker(engine, agreement=None) -> WorkerHalf:
+    plan = SimpleNamespace(chunk_bytes=PAYLOAD, group_bytes=lambda: {0: PAYLOAD})
+    return WorkerHalf(GROUPS, CHUNK, engine, transfer=None, plan=plan, agreement=agreement)
+
+
+def test_checksum_and_copy_failures_are_exported_counters():
+    conn = _connector([])
+    objs = [_sealed(conn, 1), _sealed(conn, 2)]
+    objs[1].tensor[3] ^= 0x01
+    engine = _Engine(conn, objs)
+    half = _worker(engine)
+    req = RequestTransfer("r", tuple(range(8)), ((1, 2),), load=LoadSpec(0, 8))
+    half.start_load(StepTransfers((req,)))
+    delta = half.take_stats()
+    assert delta["checksum_failures"] == 1 and delta["load_errors"] == 1
+    assert delta["loaded_tokens"] == CHUNK
+    # The blocks of the chunk that failed go back to vLLM for recomputation.
+    assert half.take_load_errors() == {2}
+    assert engine.unpinned == ["r"]
+    assert {"checksum_failures", "failed_chunk_loads"} <= set(COUNTER_NAMES)
+    # A copy that raises counts as a failed chunk load.
+    conn._load = lambda buf, req: (_ for _ in ()).throw(RuntimeError("copy failed"))
+    half.start_load(StepTransfers((req,)))
+    assert half.take_stats()["failed_chunk_loads"] == 1
+    stats = AscendConnectorStats(data=dict(delta))
+    assert stats.reduce()["checksum_failures"] == 1
+
+
+def test_halves_close_what_they_own_once():
+    engine = _Engine(_connector([]), [])
+    _worker(engine).close()
+    assert engine.closed == 1
+    closed = []
+    lookup = SimpleNamespace(__call__=None, close=lambda: closed.append(1))
+    SchedulerHalf(GROUPS, CHUNK, lookup).close()
+    assert closed == [1]
+    SchedulerHalf(GROUPS, CHUNK, lambda toks, rid: 0).close()  # a plain function owns nothing
+
+
+def test_worker_refuses_steps_planned_under_another_agreement():
+    config = AscendConfig()
+    mine = HalfAgreement.of(GROUPS, CHUNK, config)
+    # Derived alike from the same inputs, in any process.
+    assert HalfAgreement.of(GROUPS, CHUNK, config) == mine
+    other = HalfAgreement.of(GROUPS, 2 * CHUNK, config)
+    assert other.fingerprint != mine.fingerprint
+    half = _worker(_Engine(_connector([]), []), agreement=mine)
+    half.start_load(StepTransfers((), agreement=mine))  # agreed: nothing to do
+    with pytest.raises(HalvesDisagree) as err:
+        half.save(StepTransfers((), agreement=other))
+    assert f"chunk {2 * CHUNK} tokens" in str(err.value) and f"chunk {CHUNK} tokens" in str(err.value)
+    with pytest.raises(HalvesDisagree):
+        half.start_load(StepTransfers((), agreement=other))
