@@ -9,13 +9,21 @@ comes from ``slot_mapping``: -1 entries are neither read nor written.
 The ops module is a constructor argument; by default the compiled
 ``lmcache_ascend.ops`` is imported on first use, so importing this module
 needs neither the extension nor vLLM.
+
+Off the CPU, copies and kernels are only queued on the device's current
+stream. LMCache releases (and may reuse) a chunk's MemoryObj as soon as
+``batched_to_gpu`` returns, and reads it (checksum, storage put) as soon as
+``batched_from_gpu`` returns; so a load or store off the CPU returns only
+after the work it queued has run (one event wait per call, as LMCache's own
+device connectors synchronise their streams). The direct CPU path is
+synchronous and waits for nothing.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
@@ -108,6 +116,70 @@ def _check_chunk(chunk: torch.Tensor, need: int) -> None:
         raise ValueError(f"chunk buffer holds {chunk.numel()} bytes; the plan needs {need}")
 
 
+def _tensors(entry: Any) -> list[torch.Tensor]:
+    """The tensors of one kv_caches entry (a tensor or nested tuples/lists)."""
+    if isinstance(entry, torch.Tensor):
+        return [entry]
+    if isinstance(entry, (tuple, list)):
+        return [t for item in entry for t in _tensors(item)]
+    raise TypeError(f"kv_caches entry of type {type(entry).__name__} is not a tensor or a tuple of tensors")
+
+
+def _plane_extent(p: Any) -> int:
+    """Bytes from a plane's base the kernels may touch."""
+    return (p.num_blocks - 1) * p.block_stride_bytes + p.block_rows * p.row_bytes
+
+
+def _check_held(plan: TransferPlan, tensors: Sequence[torch.Tensor]) -> None:
+    """Every plane the kernels address must lie inside a held tensor's
+    storage; otherwise holding the tensors would not keep the addresses
+    valid (e.g. kv_caches from another worker or a stale dict)."""
+    spans = [(t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()) for t in tensors]
+    for kg in plan.kernel_groups:
+        for planes in kg.planes:
+            for p in planes:
+                lo, hi = p.data_ptr, p.data_ptr + _plane_extent(p)
+                if not any(base <= lo and hi <= base + n for base, n in spans):
+                    raise ValueError(
+                        f"plane {p.layer_name}[{p.plane_index}] (bytes {lo:#x}..{hi:#x}) lies in none "
+                        f"of the given kv_caches tensors: pass the kv_caches the plan was built from"
+                    )
+
+
+def _stream_wait(module: Any, device: torch.device) -> Callable[[], None]:
+    """A function that returns once the work queued so far on ``device``'s
+    current stream has run.
+
+    ``module`` is torch's per-device module (``torch.npu`` once torch_npu is
+    imported, ``torch.cuda``, ``torch.cpu``), the device-agnostic surface
+    torch_npu implements. On NPU: ``current_stream`` is torch_npu's current
+    ACL stream, the one ``Tensor.copy_`` and our launchers (``OpCommand`` on
+    ``getCurrentNPUStream()``) queue on; ``Event()`` an ACL event;
+    ``record(stream)`` is ``aclrtRecordEvent``; ``synchronize()`` is
+    ``aclrtSynchronizeEvent``. Without ``Event`` the stream's
+    ``synchronize()`` (``aclrtSynchronizeStream``) is used."""
+    current = getattr(module, "current_stream", None)
+    if current is None:
+        raise RuntimeError(
+            f"torch.{device.type} has no current_stream(): cannot wait for copies on {device} "
+            f"(is the device's torch plugin, e.g. torch_npu, imported?)"
+        )
+    event_type = getattr(module, "Event", None)
+    if event_type is None:
+        return lambda: current(device).synchronize()
+    event: list[Any] = []  # created on first use; one event re-recorded per call
+
+    def wait() -> None:
+        if not event:
+            event.append(event_type())
+        # Record then wait: only work queued up to now, not what other
+        # threads queue on the stream meanwhile.
+        event[0].record(current(device))
+        event[0].synchronize()
+
+    return wait
+
+
 class ChunkTransfer:
     """Store / load chunks of one worker's KV caches according to a plan."""
 
@@ -117,20 +189,47 @@ class ChunkTransfer:
         ops: Any = None,
         kv_device: Optional[torch.device] = None,
         staging: Optional[bool] = None,
+        kv_caches: Optional[Mapping[str, Any]] = None,
+        device_module: Any = None,
     ) -> None:
-        """``kv_device``: where vLLM's KV tensors live. Off the CPU (NPU), the
-        kernels pack into a device staging buffer and one copy moves it to or
-        from the host chunk buffer (an LMCache MemoryObj), with slot lists on
-        the device. ``staging`` forces that path (tests run it on the CPU)."""
+        """``kv_device``: where vLLM's KV tensors live (default: the device
+        of ``kv_caches``, else the CPU). Off the CPU (NPU), the kernels pack
+        into a device staging buffer and one copy moves it to or from the host
+        chunk buffer (an LMCache MemoryObj), with slot lists on the device.
+        ``staging`` forces that path (tests run it on the CPU).
+
+        ``kv_caches``: the tensors the plan was built from. They are held for
+        the life of this object, since the op calls carry only their
+        addresses; every addressed plane must lie inside one of them.
+
+        ``device_module``: the stream API waited on after asynchronous work
+        (default ``getattr(torch, kv_device.type)``, e.g. ``torch.npu``);
+        tests pass a device that defers its copies."""
         self.plan = plan
         self._ops = ops
+        held = [t for entry in (kv_caches or {}).values() for t in _tensors(entry)]
+        if kv_device is None and held:
+            kv_device = held[0].device
         self.kv_device = torch.device(kv_device) if kv_device is not None else torch.device("cpu")
+        for t in held:
+            if t.device.type != self.kv_device.type:
+                raise ValueError(f"kv_caches hold a tensor on {t.device}; the KV device is {self.kv_device}")
+        if kv_caches is not None:
+            _check_held(plan, held)
+        self._kv_tensors = tuple(held)  # keeps the planes' addresses valid
         use_staging = self.kv_device.type != "cpu" if staging is None else staging
         self._staging = (
             torch.empty(plan.chunk_bytes, dtype=torch.uint8, device=self.kv_device)
             if use_staging
             else None
         )
+        # Anything may run asynchronously once a staging buffer or device KV
+        # is involved; the direct CPU path is synchronous and never waits.
+        self._wait: Optional[Callable[[], None]] = None
+        if use_staging or self.kv_device.type != "cpu":
+            stream_device = self._staging.device if self._staging is not None else self.kv_device
+            module = device_module if device_module is not None else getattr(torch, stream_device.type, None)
+            self._wait = _stream_wait(module, stream_device)
         self.op_calls = 0  # total op calls made (tests: calls per chunk)
         self._groups = {g.index: g for g in plan.groups}
         # Distinct addressings: each is computed once per chunk, however many
@@ -246,18 +345,28 @@ class ChunkTransfer:
     # ---- transfers --------------------------------------------------------
 
     def _run(self, chunk: torch.Tensor, addrs: Sequence[GroupAddress], to_chunk: bool) -> int:
-        staging = self._staging
-        if staging is None:
-            return self._run_on(chunk, addrs, to_chunk)
-        host = chunk[: self.plan.chunk_bytes]
-        if not to_chunk:
-            staging.copy_(host, non_blocking=True)
-        calls = self._run_on(staging, addrs, to_chunk)
-        if to_chunk:
-            host.copy_(staging)  # blocking: the MemoryObj is handed to LMCache next
-        return calls
+        if self._wait is None:
+            return self._run_on(chunk, addrs, to_chunk, [])
+        sources: list[Any] = []  # host memory queued copies read; alive until the wait
+        try:
+            staging = self._staging
+            if staging is None:
+                return self._run_on(chunk, addrs, to_chunk, sources)
+            host = chunk[: self.plan.chunk_bytes]
+            if not to_chunk:
+                staging.copy_(host, non_blocking=True)
+            calls = self._run_on(staging, addrs, to_chunk, sources)
+            if to_chunk:
+                host.copy_(staging, non_blocking=True)
+            return calls
+        finally:
+            # Also on an error: LMCache releases the chunk either way, so no
+            # queued copy may still read or write it after we return.
+            self._wait()
 
-    def _run_on(self, chunk: torch.Tensor, addrs: Sequence[GroupAddress], to_chunk: bool) -> int:
+    def _run_on(
+        self, chunk: torch.Tensor, addrs: Sequence[GroupAddress], to_chunk: bool, sources: list[Any]
+    ) -> int:
         ops = self.ops
         calls = 0
         on_device = chunk.device.type != "cpu"
@@ -272,6 +381,7 @@ class ChunkTransfer:
                 region.zero_()  # rows nobody writes must not carry stale bytes
             slots = torch.from_numpy(ids)
             if on_device:
+                sources.append(slots)  # the async upload reads it (ids may be a temporary)
                 slots = slots.to(chunk.device, non_blocking=True)
             if kg.op is KernelOp.BLOCK_PAGE:
                 p = kg.planes[0][0]
