@@ -284,7 +284,7 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
         AscendConfig.from_lmcache(config),
         wiring.worker_layout_hints(kv_cache_config),
     )
-    transfer = ChunkTransfer(plan, kv_device=wiring.kv_device(kv_caches))
+    transfer = ChunkTransfer(plan, kv_device=wiring.kv_device(kv_caches), kv_caches=kv_caches)
     connector.bind(plan.chunk_bytes, transfer.store, transfer.load, groups[0].block_size)
     # Chunks of this layout must never meet chunks LMCache's own connectors
     # wrote (another byte layout) in shared or persistent storage.

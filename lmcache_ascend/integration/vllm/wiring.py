@@ -130,7 +130,7 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
     setup = load_setup(vllm_config, kv_cache_config)
     hints = worker_layout_hints(kv_cache_config)
     plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
-    transfer = ChunkTransfer(plan, kv_device=kv_device(kv_caches))
+    transfer = ChunkTransfer(plan, kv_device=kv_device(kv_caches), kv_caches=kv_caches)
     connector = PagedChunkConnector(
         plan.chunk_bytes,
         setup.chunk_size,
