@@ -192,27 +192,65 @@ class _Extent:
     stride: int  # bytes between blocks
     span: int  # bytes of one block
     num_blocks: int
+    rows: int  # dim 1 of the physical view (token rows), 1 for 2-D views
+    row_stride: int  # bytes between rows
+    row_span: int  # bytes of one row, first to last
 
 
 def _extent(t: torch.Tensor) -> _Extent:
     v = physical_view(t)
+    isz = v.element_size()
+    rows, row_stride, row_span = 1, 0, _block_span_bytes(v) if v.ndim else 0
+    if v.ndim >= 3:
+        rows, row_stride = v.shape[1], v.stride(1) * isz
+        row_span = (1 + sum((v.shape[d] - 1) * v.stride(d) for d in range(2, v.ndim))) * isz
     return _Extent(
         storage=t.untyped_storage().data_ptr(),
         ptr=t.data_ptr(),
-        stride=v.stride(0) * v.element_size() if v.ndim else 0,
+        stride=v.stride(0) * isz if v.ndim else 0,
         span=_block_span_bytes(v) if v.ndim else 0,
         num_blocks=v.shape[0] if v.ndim else 0,
+        rows=rows,
+        row_stride=row_stride,
+        row_span=row_span,
     )
 
 
-def _fold_aliases(layer: str, entry: LayerEntry, elements: Sequence[torch.Tensor]) -> dict[int, int]:
-    """element -> primary element for views that lie inside another view of
-    the same allocation (same address: dtype views of one blob; or a
-    sub-range of every block). Disjoint slices (Mamba-style, DSv4 blob
-    planes at different offsets) stay separate planes; partial overlaps are
-    refused because their bytes would be addressed twice."""
+def _row_nested(inner: _Extent, outer: _Extent) -> bool:
+    """Row r of ``inner`` lies inside row r of ``outer`` for every r: moving
+    outer's rows moves inner's bytes with the same tokens."""
+    off = inner.ptr - outer.ptr
+    return (
+        inner.rows == outer.rows
+        and (inner.rows == 1 or inner.row_stride == outer.row_stride)
+        and 0 <= off
+        and off + inner.row_span <= outer.row_span
+    )
+
+
+def _fold_aliases(
+    layer: str, entry: LayerEntry, elements: Sequence[torch.Tensor], paged: Sequence[bool]
+) -> dict[int, int]:
+    """element -> primary element for views that need no plane of their own.
+
+    * A view inside another view of the same allocation is folded into it
+      when moving the outer one moves its bytes with the same tokens: a
+      dtype view at the same address, a sub-range of every row, or anything
+      inside a block moved as a whole page.
+    * A view whose block holds other views with a *different* row geometry
+      is a reinterpretation of their bytes (vLLM-Ascend 0.23 on A5 hands the
+      DeepSeek-V4 indexer as K rows, scale rows and a third "full" view of
+      132-byte rows over the same page, kv_cache_interface / model_runner_v1
+      ``_adjust_kv_layout`` with ``overlap_full_kv_cache``): its row r is
+      not token r's bytes, so it is folded into those views when they tile
+      its block exactly, and refused otherwise.
+    * Disjoint views (Mamba-style slices, K-then-scale pages) stay separate
+      planes; partial overlaps are refused because their bytes would be
+      addressed twice.
+    """
     ext = [_extent(t) for t in elements]
     alias: dict[int, int] = {}
+    covers: dict[int, list[int]] = {}
     # Largest span first, so the widest view of a blob becomes its primary.
     order = sorted(range(len(elements)), key=lambda i: (-ext[i].span, i))
     for pos, j in enumerate(order):
@@ -226,14 +264,31 @@ def _fold_aliases(layer: str, entry: LayerEntry, elements: Sequence[torch.Tensor
             if hi <= 0 or lo >= a.span:
                 continue  # disjoint within a block
             if lo >= 0 and hi <= a.span and b.num_blocks <= a.num_blocks:
-                alias[j] = i
-                break
+                if paged[i] or paged[j] or _row_nested(b, a):
+                    alias[j] = i
+                    break
+                covers.setdefault(i, []).append(j)
+                continue
             raise _fail(
                 layer,
                 entry,
                 f"elements {i} and {j} partly overlap inside a block "
                 f"(offsets {0}..{a.span} and {lo}..{hi}); cannot address them as planes",
             )
+    for i, inner in covers.items():
+        inner = [j for j in inner if j not in alias]
+        spans = sorted((ext[j].ptr - ext[i].ptr, ext[j].ptr - ext[i].ptr + ext[j].span) for j in inner)
+        tiled = bool(spans) and spans[0][0] == 0 and spans[-1][1] == ext[i].span
+        tiled = tiled and all(prev[1] == nxt[0] for prev, nxt in zip(spans, spans[1:]))
+        if not tiled or i in alias or i in alias.values():
+            raise _fail(
+                layer,
+                entry,
+                f"element {i} covers elements {inner} with other rows (rows of {ext[i].row_span} "
+                f"bytes vs {[ext[j].row_span for j in inner]}) that do not tile its block; "
+                "cannot tell which bytes belong to which token",
+            )
+        alias[i] = min(inner)
     return alias
 
 
@@ -306,7 +361,7 @@ def detect_layer(
     if len(paged) != n or len(state) != n:
         raise ValueError(f"layer {layer!r}: {n} elements but {len(paged)}/{len(state)} flags")
     in_tuple = not isinstance(entry, torch.Tensor)
-    alias = _fold_aliases(layer, entry, elements) if n > 1 else {}
+    alias = _fold_aliases(layer, entry, elements, [p or st for p, st in zip(paged, state)]) if n > 1 else {}
     planes: list[PlaneGeom] = []
     for idx, t in enumerate(elements):
         if idx in alias:

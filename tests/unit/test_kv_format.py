@@ -187,3 +187,45 @@ def test_hints_validation():
         LayoutHints(kv_layout="NDH")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="layer_compress_ratio"):
         LayoutHints(layer_compress_ratio={"x": 0})
+
+
+def _ascend_indexer_page(nb=5, rows=8, k_dtype=torch.int8, scale_dtype=torch.float16, full=True):
+    """vLLM-Ascend's DeepSeek-V4 indexer page: all K rows, then all scales;
+    on A5 a third view of (K + scale)-byte rows restarts at the page start
+    (model_runner_v1.py, _adjust_kv_layout with overlap_full_kv_cache)."""
+    ksz, ssz = torch.empty(0, dtype=k_dtype).element_size(), torch.empty(0, dtype=scale_dtype).element_size()
+    page = rows * (16 * ksz + ssz)
+    buf = torch.zeros(nb * page, dtype=torch.uint8)
+    k = torch.as_strided(buf.view(k_dtype), (nb, rows, 1, 16), (page // ksz, 16, 16, 1), 0)
+    scale = torch.as_strided(buf.view(scale_dtype), (nb, rows, 1, 1), (page // ssz, 1, 1, 1), rows * 16 * ksz // ssz)
+    views = [k, scale]
+    if full:
+        width = (16 * ksz + ssz) // ksz
+        views.append(torch.as_strided(buf.view(k_dtype), (nb, rows, 1, width), (page // ksz, width, width, 1), 0))
+    return views, page
+
+
+def test_k_then_scale_page_is_two_row_planes():
+    (k, scale), page = _ascend_indexer_page(full=False)
+    lay = detect_layer("idx", [k, scale])
+    assert not lay.aliases
+    assert [(p.rows_per_block, p.row_bytes, p.block_stride_bytes) for p in lay.planes] == [(8, 16, page), (8, 2, page)]
+    assert lay.planes[1].data_ptr - lay.planes[0].data_ptr == 8 * 16
+
+
+def test_a5_full_view_over_k_and_scale_is_folded_into_them():
+    """Row r of the 'full' view is not token r's bytes (K rows are 16 bytes,
+    full rows 20): moving its rows would mix K and scale bytes of other
+    tokens, so the K and scale planes are kept and the full view dropped."""
+    views, page = _ascend_indexer_page(k_dtype=torch.float8_e4m3fn, scale_dtype=torch.float32)
+    lay = detect_layer("idx", views)
+    assert lay.aliases == ((2, 0),)
+    assert [(p.element, p.row_bytes) for p in lay.planes] == [(0, 16), (1, 4)]
+    assert lay.format is LayerFormat.MULTI_PLANE
+
+
+def test_reinterpreting_view_that_others_do_not_tile_is_refused():
+    views, page = _ascend_indexer_page(k_dtype=torch.float8_e4m3fn, scale_dtype=torch.float32)
+    with pytest.raises(LayoutError, match="do not tile its block") as err:
+        detect_layer("idx", [views[0], views[2]])  # K alone under the full view: scales unaccounted
+    assert "idx" in str(err.value) and "float8_e4m3fn" in str(err.value)
