@@ -2,10 +2,13 @@
 calls per chunk (bundled vs exploded) and store / load GB/s of the whole
 worker path (ChunkTransfer: addressing + op calls), on this machine.
 
-The layouts are the test fixtures (tests/fixtures/layouts.py), with their
-decoder layers replicated to a realistic depth. Prints markdown tables.
+The layouts are the test fixtures (tests/fixtures/layouts.py and
+ascend_layouts.py: vLLM-Ascend 0.23.0 / 0.26.0rc1 DeepSeek-V4, DSA, GLM-5.2),
+with their decoder layers replicated to a realistic depth. Prints markdown
+tables.
 
     python bench/bench_layouts.py [--repeat N] [--ops native|reference] [--json]
+    python bench/bench_layouts.py --explain  # the worker's plan text per fixture
     python bench/bench_layouts.py --bursts   # needs LMCA_BUILD_ASCEND_SIM=1
 
 --bursts prints instead, per layout, the DMA bursts and copies one chunk's
@@ -30,6 +33,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+from fixtures import ascend_layouts as AL  # noqa: E402
 from fixtures import layouts as L  # noqa: E402
 
 from lmcache_ascend.planning.settings import AscendConfig  # noqa: E402
@@ -39,13 +43,15 @@ from lmcache_ascend.planning.kv_format import LayoutHints  # noqa: E402
 from lmcache_ascend.planning.planner import build_plan  # noqa: E402
 
 # (fixture, copies of its layers): roughly the depth of the real model.
-# DeepSeek-V4 at LMCache chunk 1024, the upstream deployment's setting.
+# DeepSeek-V4: 9 copies of the 7-decoder-layer fixture (63 layers), at the
+# default chunk (128 tokens: vLLM-Ascend's finest exact hit) and at 1024.
 CASES = (
-    (L.dsv4_ascend_v018(chunk_size=1024, tokens=2048), 10),  # 60 layers
-    (L.dsv4_vllm_v020(chunk_size=1024, tokens=2048), 15),  # 60 decoder layers
-    (L.dsv4_vllm_v020(store_state=True, chunk_size=1024, tokens=2048), 15),
-    (L.dsa(), 20),  # DSv3.2 / GLM-5: ~60 layers
-    (L.dsa(c8=True), 20),
+    (AL.dsv4("0.23.0"), 9),
+    (AL.dsv4("0.23.0", chunk_size=1024, tokens=2048), 9),
+    (AL.dsv4("0.23.0", a5=True), 9),
+    (AL.dsa("0.23.0", sfa=True, li=True), 20),  # DSv3.2 / GLM-5: ~60 layers
+    (AL.dsa("0.23.0", li=True, shared=(1,), layers=4), 15),  # GLM-5.2 shared indexers
+    (AL.dsa("0.26.0rc1", li=True), 20),
     (L.vllm_cpu(), 8),
     (L.generic(hnd=False), 8),
     (L.generic(hnd=True), 8),
@@ -209,13 +215,27 @@ def print_markdown(results: list[dict], ops_name: str) -> None:
         print(f"- {r['layout']}: {cells}")
 
 
+def print_explain() -> None:
+    """Per fixture (not replicated): what ``lmcache-ascend explain`` and the
+    worker's startup log print for it, via the same ``plan_text``."""
+    from lmcache_ascend.integration.vllm.wiring import plan_text
+
+    for layout in [AL.dsv4("0.23.0"), *(c for c, _ in CASES[2:6]), *AL.all_layouts()[1:]]:
+        plan = build_plan(layout.build(False).kv_caches, layout.groups, layout.chunk_size, layout.config, layout.hints)
+        print(f"### {layout.name}\n\n```\n{plan_text(layout.groups, plan)}\n```\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--ops", choices=("native", "reference"), default="native")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--bursts", action="store_true", help="DMA bursts per chunk on the AscendC simulation")
+    ap.add_argument("--explain", action="store_true", help="the plan text the worker logs, per fixture")
     args = ap.parse_args()
+    if args.explain:
+        print_explain()
+        return
     if args.bursts:
         print_bursts([bursts_case(layout, copies) for layout, copies in CASES])
         return

@@ -69,12 +69,19 @@ def default_chunk_size(
 
 def finest_chunk_size(groups: Sequence[SchedulerGroup], floor: int = FLOOR_TOKENS) -> Optional[int]:
     """Smallest chunk every attention group can be cut at, at least ``floor``
-    tokens; None when there is no attention group."""
+    tokens; None when there is no attention group.
+
+    A compressed group is cut at its compress ratio, not its block size: its
+    rows are addressed one by one (vLLM-Ascend hands them over as token
+    rows), so a chunk need only end on a row. DeepSeek-V4 on vLLM-Ascend has
+    512- and 16384-token compressed blocks but cuts at 128 tokens. Groups
+    moved as whole pages are refused at plan time when a chunk would split
+    one of their blocks."""
     units = [
         n
         for g in groups
         if g.kind is not GroupKind.STATE
-        for n in (g.block_size, g.compress_ratio)
+        for n in ((g.compress_ratio,) if g.compress_ratio > 1 else (g.block_size,))
         if n and n > 0
     ]
     if not units:

@@ -22,7 +22,7 @@ class GroupKind(str, enum.Enum):
 
     FULL = "full"  # every position's KV is kept (full attention, MLA, indexer)
     SLIDING = "sliding"  # only the last `sliding_window` positions are kept
-    STATE = "state"  # recurrent / running state (Mamba, GDN, DSv4 *State specs)
+    STATE = "state"  # recurrent / running state (Mamba, GDN, unknown specs)
 
 
 class Granularity(str, enum.Enum):
@@ -33,13 +33,46 @@ class Granularity(str, enum.Enum):
 
 
 @dataclass(frozen=True)
+class CompressorState:
+    """What a DeepSeek-V4 compressor-state group feeds.
+
+    vLLM-Ascend's ``<x>.compressor.state_cache`` layers hold, per token, one
+    fp32 row of kv and score that the compressor of ``<x>`` (a layer whose
+    rows each cover ``ratio`` tokens) reads when a prefill resumes at
+    position P. From the compressor kernel's ``ReadState``
+    (vllm_ascend/_cann_ops_custom/.../compressor/arch32/
+    compressor_block_vec_perf.h, identical in 0.23.0 and 0.26.0rc1), for P a
+    multiple of ``ratio``: the overlapping compressor (C4, coff 2) reads the
+    rows of tokens [P - ratio, P); the plain one (C128, coff 1) reads none
+    (its "head holder" count P % ratio is 0 and it has no overlap).
+    """
+
+    ratio: int
+    overlap: bool
+
+    def __post_init__(self) -> None:
+        if self.ratio <= 1:
+            raise ValueError(f"CompressorState.ratio must be > 1, got {self.ratio}")
+
+    @property
+    def tokens_read(self) -> int:
+        """Tokens before a boundary (a multiple of ``ratio``) whose state
+        rows a resumed prefill reads."""
+        return self.ratio if self.overlap else 0
+
+
+@dataclass(frozen=True)
 class SchedulerGroup:
     """One vLLM ``KVCacheGroupSpec`` reduced to what transfers need."""
 
     index: int
     kind: GroupKind
     spec_name: str  # the spec's class name, used only for user allowlists
-    block_size: int  # tokens per block (logical, before compression)
+    # Tokens per block. For compressed groups this is rows per block x
+    # compress ratio: vLLM's own MLA specs count tokens (block 256, ratio 4:
+    # 64 rows), vLLM-Ascend's count rows (block 128, ratio 4: 128 rows, 512
+    # tokens); vllm_layout converts the latter.
+    block_size: int
     compress_ratio: int = 1
     sliding_window: int | None = None
     layer_names: tuple[str, ...] = ()
@@ -47,6 +80,9 @@ class SchedulerGroup:
     # rebuilt from another group after a load, vLLM 0.32's
     # KVCacheGroupSpec.enable_kv_transfer): such a group is never moved.
     transferable: bool = True
+    # Set for DeepSeek-V4 compressor-state groups (sliding groups): a hit
+    # then needs fewer rows than vLLM's window keeps (see kept_window).
+    compressor: CompressorState | None = None
 
     def __post_init__(self) -> None:
         if self.block_size <= 0:
@@ -63,6 +99,32 @@ class SchedulerGroup:
                 f"group {self.index}: a sliding group needs sliding_window > 0, "
                 f"got {self.sliding_window!r}"
             )
+        if self.compressor is not None:
+            if self.kind is not GroupKind.SLIDING:
+                raise ValueError(
+                    f"group {self.index}: compressor state must be a sliding group, got {self.kind.value}"
+                )
+            if self.compressor.tokens_read > (self.sliding_window or 0):
+                raise ValueError(
+                    f"group {self.index}: its compressor reads {self.compressor.tokens_read} tokens "
+                    f"of state, more than the sliding window {self.sliding_window} vLLM keeps"
+                )
+
+    @property
+    def kept_window(self) -> int | None:
+        """Tokens before a chunk end that a hit there needs from this group
+        (None: every token, FULL and STATE groups).
+
+        Sliding groups: their window. Compressor-state groups: only the rows
+        their compressor reads at a boundary (valid when chunk boundaries
+        are multiples of its ratio, which the planner checks); 0 means the
+        group is never read at a boundary and is not stored at all.
+        """
+        if self.kind is not GroupKind.SLIDING:
+            return None
+        if self.compressor is not None:
+            return self.compressor.tokens_read
+        return self.sliding_window
 
     @property
     def rows_per_block(self) -> int:
@@ -77,12 +139,13 @@ class SchedulerGroup:
         """Rows actually stored per chunk.
 
         Sliding-window groups keep only the window that ends at the chunk
-        end (``sliding_window // compress_ratio`` rows), which is all a later
+        end (``kept_window // compress_ratio`` rows), which is all a later
         hit ending at or after this chunk can need from it.
         """
         rows = self.logical_rows(chunk_size)
-        if self.kind is GroupKind.SLIDING and self.sliding_window is not None:
-            rows = min(rows, max(1, self.sliding_window // self.compress_ratio))
+        window = self.kept_window
+        if window is not None:
+            rows = min(rows, max(1, window // self.compress_ratio))
         return rows
 
     def logical_pages(self, chunk_size: int) -> int:
@@ -93,8 +156,9 @@ class SchedulerGroup:
         """Pages stored per chunk: sliding groups keep the blocks that
         intersect the window ending at the chunk end."""
         pages = self.logical_pages(chunk_size)
-        if self.kind is GroupKind.SLIDING and self.sliding_window is not None:
-            pages = min(pages, math.ceil(self.sliding_window / self.block_size))
+        window = self.kept_window
+        if window is not None:
+            pages = min(pages, max(1, math.ceil(window / self.block_size)))
         return pages
 
 

@@ -176,6 +176,9 @@ class PlanDescription:
             f"chunk {self.chunk_size} tokens = {self.chunk_bytes} bytes; "
             f"{'bundled' if self.bundled else 'exploded'}, {self.op_calls_per_chunk} op call(s) "
             f"per chunk; exact hits: {'yes' if self.exact_hits else 'NO (unrestorable state groups)'}",
+            f"hit granularity: {self.chunk_size} tokens (hits are whole chunks)"
+            if self.exact_hits
+            else "hit granularity: none (hits refused)",
             "groups (bytes per chunk, planned / naive):",
         ]
         for g in self.groups:
@@ -334,6 +337,20 @@ def _check_chunk_size(layers: Sequence[LayerPlanes], groups: Mapping[int, Schedu
                 )
 
 
+def _check_compressor_chunks(groups: Sequence[SchedulerGroup], chunk_size: int) -> None:
+    """A compressor-state group is stored as only the rows its compressor
+    reads at a boundary that is a multiple of its ratio (or not at all):
+    chunk boundaries must be such multiples, or the hit would need more."""
+    for g in groups:
+        c = g.compressor
+        if c is not None and chunk_size % c.ratio:
+            raise ValueError(
+                f"chunk_size {chunk_size} is invalid for group {g.index} ({g.spec_name}): it holds "
+                f"the compressor state of ratio-{c.ratio} layers, which a hit can only resume "
+                f"from at a multiple of {c.ratio} tokens (e.g. {_multiples(c.ratio, chunk_size)})"
+            )
+
+
 def _multiples(unit: int, near: int) -> str:
     lo = max(unit, near // unit * unit)
     return ", ".join(str(v) for v in (lo, lo + unit))
@@ -358,6 +375,7 @@ def build_plan(
     for pos, g in enumerate(groups):
         if g.index != pos:
             raise ValueError(f"groups[{pos}] has index {g.index}; groups must be in vLLM group order")
+    _check_compressor_chunks(groups, chunk_size)
     skipped = skipped_groups(groups, config)
     blocked = unrestorable_groups(groups, config)
     not_stored = frozenset(s.index for s in skipped) | frozenset(g.index for g in blocked)

@@ -12,21 +12,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-# vLLM-Ascend v0.18 DeepSeek-V4 state specs (compressor / score buffers) that
-# prefix reuse does not need, per the upstream multi-group design; the first
-# three are named there, the rest follow its C4/C128 x KV/score pattern.
-DSV4_ASCEND_V018_STATE_SPECS: tuple[str, ...] = (
-    "C4AttnKVState",
-    "C4IndexerKVState",
-    "C128AttnScoreState",
-    "C4AttnScoreState",
-    "C4IndexerScoreState",
-    "C128AttnKVState",
-)
-# vLLM >= 0.20 DeepSeek-V4: compressor state caches are SlidingWindowMLASpec
-# groups (block 4 / 8) whose spec class is shared with real SWA layers, so they
-# are recognised by layer name instead.
-DSV4_V020_STATE_LAYER_SUFFIXES: tuple[str, ...] = (".compressor.state_cache",)
+# The skip lists are empty by default: no group is left out unless a user
+# asks for it. The former defaults named six DeepSeek-V4 "*State" spec
+# classes of an unreleased vLLM-Ascend build (no released vLLM-Ascend or vLLM
+# has them) and the ".compressor.state_cache" layers, whose state a resumed
+# prefill reads for compress-4 layers: skipping them can garble output
+# (docs/configuration.md). DeepSeek-V4's compressor state is stored window-only
+# instead (planning/state_skip.py, groups.CompressorState).
+DEFAULT_SKIP_STATE_SPECS: tuple[str, ...] = ()
+DEFAULT_SKIP_STATE_LAYER_SUFFIXES: tuple[str, ...] = ()
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
@@ -139,16 +133,18 @@ KEYS: tuple[KeySpec, ...] = (
     KeySpec(
         "ascend_skip_state_spec_allowlist",
         tuple,
-        DSV4_ASCEND_V018_STATE_SPECS,
+        DEFAULT_SKIP_STATE_SPECS,
         _to_names("ascend_skip_state_spec_allowlist"),
-        "KV cache spec class names whose groups are skipped.",
+        "KV cache spec class names whose groups are skipped (default: none). A "
+        "skipped group is not restored on a hit: only for state a resume never reads.",
     ),
     KeySpec(
         "ascend_skip_state_layer_suffixes",
         tuple,
-        DSV4_V020_STATE_LAYER_SUFFIXES,
+        DEFAULT_SKIP_STATE_LAYER_SUFFIXES,
         _to_names("ascend_skip_state_layer_suffixes"),
-        "Layer-name suffixes; a group all of whose layers end with one is skipped.",
+        "Layer-name suffixes; a group all of whose layers end with one is skipped "
+        "(default: none).",
     ),
 )
 KEY_NAMES: tuple[str, ...] = tuple(k.key for k in KEYS)
@@ -161,8 +157,8 @@ class AscendConfig:
     bundle_multi_spec: bool = True
     flatten_multi_spec: bool = True
     skip_state_groups: bool = True
-    skip_state_spec_allowlist: tuple[str, ...] = DSV4_ASCEND_V018_STATE_SPECS
-    skip_state_layer_suffixes: tuple[str, ...] = DSV4_V020_STATE_LAYER_SUFFIXES
+    skip_state_spec_allowlist: tuple[str, ...] = DEFAULT_SKIP_STATE_SPECS
+    skip_state_layer_suffixes: tuple[str, ...] = DEFAULT_SKIP_STATE_LAYER_SUFFIXES
 
     def __post_init__(self) -> None:
         # Re-run the converters so a hand-built config is validated the same

@@ -42,9 +42,12 @@ def window_start_token(group: SchedulerGroup, end):
     more, so a window-size convention off by one elsewhere (e.g. vLLM-Ascend
     specs) can never leave a needed position unstored. The cost is that a
     chunk whose extra position sits in a freed block is not stored.
+    Compressor-state groups keep exactly the rows their compressor reads
+    (``SchedulerGroup.kept_window``), which lie inside vLLM's window.
     """
-    assert group.sliding_window is not None
-    return np.maximum(0, end - group.sliding_window)  # int or per-chunk array
+    window = group.kept_window
+    assert window is not None
+    return np.maximum(0, end - window)  # int or per-chunk array
 
 
 def _check_range(group: SchedulerGroup, start: int, end: int, chunk_size: int) -> None:
@@ -122,7 +125,7 @@ def chunks_rows(
         hi = np.minimum(chunk_end_row, np.maximum(first_row + n_phys, end_row))
     rows = (hi - n_phys)[:, None] + np.arange(n_phys, dtype=np.int64)[None, :]
     valid = rows < end_row[:, None]
-    windowed = group.kind is GroupKind.SLIDING and group.sliding_window is not None
+    windowed = group.kept_window is not None
     if windowed:
         window_row = window_start_token(group, end) // ratio
         valid &= rows >= window_row[:, None]
@@ -172,7 +175,7 @@ def chunks_pages(
         hi = np.minimum(chunk_end_block, np.maximum(first + n_phys, end_block))
     idx = (hi - n_phys)[:, None] + np.arange(n_phys, dtype=np.int64)[None, :]
     valid = idx < end_block[:, None]
-    windowed = group.kind is GroupKind.SLIDING and group.sliding_window is not None
+    windowed = group.kept_window is not None
     if windowed:
         window_token = window_start_token(group, end)
         valid &= (idx + 1) * bs > window_token[:, None]
@@ -188,8 +191,9 @@ def chunks_pages(
 
 
 def primary_group(groups: Sequence[SchedulerGroup], block_tables: Sequence[Sequence[int]]) -> int:
-    """The group spanning the most tokens (len(blocks) * block_size); it
-    drives chunk hashing and masks. Ties go to the lowest index."""
+    """The group spanning the most tokens (len(blocks) * block_size, where
+    block_size counts tokens, compressed groups included); it drives chunk
+    hashing and masks. Ties go to the lowest index."""
     best, best_span = 0, -1
     for g in groups:
         span = len(block_tables[g.index]) * g.block_size

@@ -3,13 +3,17 @@
 Decided from the groups and our config alone, so the scheduler half (which
 has no KV tensors) and the worker half agree.
 
-* Skipped: listed by the spec allowlist or with every layer named by a
-  listed suffix (DeepSeek-V4 state/compressor buffers the upstream design
-  found unnecessary for prefix reuse). Neither stored nor loaded nor sized.
+* Skipped: groups a hit never needs. Without the user's say: groups with no
+  layers, groups vLLM excludes from transfer, and compressor-state groups
+  whose compressor reads no state at a chunk boundary (DeepSeek-V4's C128
+  compressor, ``CompressorState.tokens_read == 0``; the planner checks that
+  chunk boundaries are multiples of its ratio). On the user's say only
+  (empty by default): groups listed by the spec allowlist or with every
+  layer named by a listed suffix. Neither stored nor loaded nor sized.
 * Unrestorable: STATE groups that are not skipped (Mamba / GDN running
-  state). Their state at a chunk boundary cannot be rebuilt from token
-  positions, so a hit would resume from stale state: the scheduler must
-  refuse hits while such a group exists.
+  state, and any spec the classifier does not know). Their state at a chunk
+  boundary cannot be rebuilt from token positions, so a hit would resume
+  from stale state: the scheduler must refuse hits while such a group exists.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ class SkipReason(str, enum.Enum):
     LAYER_SUFFIX = "layer_suffix"
     NO_LAYERS = "no_layers"  # the group addresses no layer: nothing to move
     NOT_TRANSFERABLE = "not_transferable"  # vLLM rebuilds it after a load
+    UNREAD_STATE = "unread_state"  # its compressor reads no state at a chunk boundary
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,15 @@ def skipped_groups(groups: Sequence[SchedulerGroup], config: AscendConfig) -> tu
                 SkippedGroup(
                     g.index, g.spec_name, SkipReason.NOT_TRANSFERABLE,
                     "vLLM excludes it from KV transfer (rebuilt from its source group after a load)",
+                )
+            )
+            continue
+        if g.compressor is not None and g.compressor.tokens_read == 0:
+            out.append(
+                SkippedGroup(
+                    g.index, g.spec_name, SkipReason.UNREAD_STATE,
+                    f"compressor state of ratio-{g.compressor.ratio} layers without overlap: "
+                    f"not read when a prefill resumes at a multiple of {g.compressor.ratio} tokens",
                 )
             )
             continue

@@ -8,7 +8,6 @@ import pytest
 
 from lmcache_ascend.lmcache_bridge.config import register_config_keys
 from lmcache_ascend.planning.settings import (
-    DSV4_ASCEND_V018_STATE_SPECS,
     KEY_NAMES,
     AscendConfig,
     ConfigValueError,
@@ -40,8 +39,9 @@ def test_defaults(cfg_cls):
     a = AscendConfig.from_lmcache(cfg)
     assert a == AscendConfig()
     assert a.bundle_multi_spec and a.flatten_multi_spec and a.skip_state_groups
-    assert a.skip_state_spec_allowlist == DSV4_ASCEND_V018_STATE_SPECS
-    assert a.skip_state_layer_suffixes == (".compressor.state_cache",)
+    # Nothing is skipped unless asked: the former defaults named spec
+    # classes no release has and state that compress-4 layers read.
+    assert a.skip_state_spec_allowlist == () and a.skip_state_layer_suffixes == ()
     assert all(k in cfg.to_dict() for k in KEY_NAMES)
 
 

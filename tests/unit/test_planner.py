@@ -3,14 +3,16 @@ state skip, sizing and the explain record."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
+from fixtures import ascend_layouts as L_ASCEND
 from fixtures import layouts as L
 from lmcache_ascend.planning.settings import AscendConfig
-from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.groups import CompressorState, GroupKind, SchedulerGroup
 from lmcache_ascend.planning.kv_format import LayoutHints
 from lmcache_ascend.planning.planner import KernelOp, build_plan, unrestorable_groups
 from lmcache_ascend.planning.state_skip import SkipReason, skipped_groups
@@ -118,38 +120,86 @@ def test_per_layer_compress_ratio_hint():
         build_plan({"m": (caches["c4"], caches["c4"].clone())}, two, 256, hints=LayoutHints(layer_compress_ratio={"m": 4}))
 
 
+USER_SKIP = AscendConfig(skip_state_spec_allowlist=("FooState",), skip_state_layer_suffixes=(".foo.state_cache",))
+
+
 def test_state_skip_and_unrestorable():
-    names = {0: ["attn"], 1: ["state"], 2: ["mamba"], 3: ["x.compressor.state_cache"], 4: []}
+    names = {0: ["attn"], 1: ["state"], 2: ["mamba"], 3: ["x.foo.state_cache"], 4: []}
     groups = (
         grp(0, names[0]),
-        grp(1, names[1], STATE, spec="C4AttnKVState"),
+        grp(1, names[1], STATE, spec="FooState"),
         grp(2, names[2], STATE, spec="MambaSpec"),
         grp(3, names[3], SLIDING, bs=4, window=8, spec="SlidingWindowMLASpec"),
         grp(4, names[4]),
     )
-    skipped = {s.index: s.reason for s in skipped_groups(groups, AscendConfig())}
+    skipped = {s.index: s.reason for s in skipped_groups(groups, USER_SKIP)}
     assert skipped == {1: SkipReason.SPEC_ALLOWLIST, 3: SkipReason.LAYER_SUFFIX, 4: SkipReason.NO_LAYERS}
-    assert [g.index for g in unrestorable_groups(groups, AscendConfig())] == [2]
-    off = AscendConfig(skip_state_groups=False)
+    assert [g.index for g in unrestorable_groups(groups, USER_SKIP)] == [2]
+    off = dataclasses.replace(USER_SKIP, skip_state_groups=False)
     assert [g.index for g in unrestorable_groups(groups, off)] == [1, 2]
+    # Nothing is skipped on the user's behalf by default: state is refused.
+    assert {s.index for s in skipped_groups(groups, AscendConfig())} == {4}
+    assert [g.index for g in unrestorable_groups(groups, AscendConfig())] == [1, 2]
     caches = {
         "attn": kv(),
         "state": torch.zeros(8, 4096, dtype=torch.int8),
         "mamba": torch.zeros(8, 1, 1, 4096, dtype=torch.int8),
-        "x.compressor.state_cache": torch.zeros(8, 4, 64),
+        "x.foo.state_cache": torch.zeros(8, 4, 64),
     }
-    plan = build_plan(caches, groups, 64)
+    plan = build_plan(caches, groups, 64, USER_SKIP)
     assert plan.stored_groups == {0} and plan.unrestorable_groups == {2}
     assert plan.chunk_bytes == 64 * 64 and not plan.exact_hits
     # Skipped groups need not have their layers registered at all.
-    plan = build_plan({"attn": kv(), "mamba": caches["mamba"]}, groups, 64)
+    plan = build_plan({"attn": kv(), "mamba": caches["mamba"]}, groups, 64, USER_SKIP)
     assert plan.stored_groups == {0}
 
 
 def test_partial_suffix_match_is_refused():
-    g = grp(0, ["a.compressor.state_cache", "b.attn"], SLIDING, window=8, spec="SlidingWindowMLASpec")
+    g = grp(0, ["a.foo.state_cache", "b.attn"], SLIDING, window=8, spec="SlidingWindowMLASpec")
     with pytest.raises(ValueError, match="match only some"):
-        skipped_groups((g,), AscendConfig())
+        skipped_groups((g,), USER_SKIP)
+
+
+def _state(i, names, ratio, overlap, bs=8, window=None):
+    window = window or ratio * (2 if overlap else 1)
+    return SchedulerGroup(
+        i, SLIDING, "AscendSlidingWindowMLASpec", bs, 1, window, tuple(names),
+        compressor=CompressorState(ratio, overlap),
+    )
+
+
+def test_compressor_state_keeps_only_what_its_compressor_reads():
+    """C4 (overlap): the 4 rows of tokens end-4..end-1 of each chunk, not
+    vLLM's window of 8; C128 (no overlap): nothing, the group is skipped."""
+    c4 = _state(1, ["a.compressor.state_cache"], 4, True)
+    c128 = _state(2, ["b.compressor.state_cache"], 128, False, bs=32)
+    groups = (grp(0, ["a.attn"], bs=512, ratio=4), c4, c128)
+    caches = {
+        "a.attn": torch.zeros(6, 128, 1, 64, dtype=torch.bfloat16),
+        "a.compressor.state_cache": torch.zeros(40, 8, 1, 256),
+        "b.compressor.state_cache": torch.zeros(40, 32, 1, 128),
+    }
+    plan = build_plan(caches, groups, 128)
+    assert [(s.index, s.reason) for s in plan.skipped_groups] == [(2, SkipReason.UNREAD_STATE)]
+    by_group = {kg.sched_groups: kg.rows_per_chunk for kg in plan.kernel_groups}
+    assert by_group == {(0,): (32,), (1,): (4,)}
+    assert plan.group_bytes() == {0: 32 * 128, 1: 4 * 1024}
+    naive = plan.naive_group_bytes()
+    assert naive[1] == 128 * 1024 and naive[2] == 128 * 512  # every token's state row
+    d = plan.describe()
+    assert "skipped g2" in str(d) and "unread_state" in str(d)
+    with pytest.raises(ValueError) as err:
+        build_plan(caches, groups, 64)  # boundaries at 64: the C128 state would be read
+    assert "chunk_size 64" in str(err.value) and "group 2" in str(err.value) and "128, 256" in str(err.value)
+
+
+def test_compressor_state_must_fit_the_window():
+    with pytest.raises(ValueError, match="more than the sliding window"):
+        _state(0, ["s"], 4, True, window=2)
+    with pytest.raises(ValueError, match="sliding group"):
+        SchedulerGroup(0, FULL, "X", 8, compressor=CompressorState(4, True))
+    with pytest.raises(ValueError, match="ratio must be > 1"):
+        CompressorState(1, False)
 
 
 def test_unlisted_and_missing_layers():
@@ -169,15 +219,15 @@ def test_cpu_pages_use_block_page_op():
 
 
 def test_describe_is_json_and_text():
-    layout = L.dsv4_ascend_v018()
-    plan = build_plan(layout.build(False).kv_caches, layout.groups, 256, layout.config, layout.hints)
+    layout = L_ASCEND.dsv4("0.23.0")
+    plan = build_plan(layout.build(False).kv_caches, layout.groups, 128, layout.config, layout.hints)
     d = plan.describe()
     data = json.loads(d.to_json())
-    assert data["op_calls_per_chunk"] == 4 and data["chunk_bytes"] == plan.chunk_bytes
-    assert len(data["groups"]) == 11 and data["exact_hits"] is True
-    assert {s["index"] for s in data["skipped"]} == {4, 5, 6, 7, 10}
+    assert data["op_calls_per_chunk"] == 8 and data["chunk_bytes"] == plan.chunk_bytes
+    assert len(data["groups"]) == len(layout.groups) and data["exact_hits"] is True
+    assert {s["index"] for s in data["skipped"]} == layout.skipped_groups
     assert sum(g["planned_bytes"] for g in data["groups"]) == plan.chunk_bytes
     text = str(d)
-    assert "kernel groups:" in text and "skipped g4 (C4AttnKVState)" in text
-    sw = next(g for g in d.groups if g.group == 8)
-    assert sw.planned_bytes * 2 == sw.naive_bytes  # 1 of 2 compressed rows (window 128)
+    assert "kernel groups:" in text and "hit granularity: 128 tokens" in text
+    skipped = min(layout.skipped_groups)
+    assert f"skipped g{skipped} (AscendSlidingWindowMLASpec): unread_state" in text

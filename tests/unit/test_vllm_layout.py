@@ -22,17 +22,25 @@ from vllm.v1.kv_cache_interface import (
     MLAAttentionSpec,
     SlidingWindowMLASpec,
     SlidingWindowSpec,
+    UniformTypeKVCacheSpecs,
 )
 from vllm.v1.request import Request
 
 from lmcache_ascend.integration.vllm.vllm_layout import (
     ScheduledRequest,
+    layout_facts,
     request_view,
     scheduler_groups,
     step_view,
 )
 from lmcache_ascend.compat import vllm_features
-from lmcache_ascend.planning.groups import GroupKind
+from lmcache_ascend.planning.agreement import HalfAgreement
+from lmcache_ascend.planning.chunking import finest_chunk_size
+from lmcache_ascend.planning.groups import CompressorState, GroupKind
+from lmcache_ascend.planning.settings import AscendConfig
+from lmcache_ascend.planning.state_skip import unrestorable_groups
+from fixtures import ascend_layouts as AL
+from fixtures import ascend_specs as A
 
 # tokens_per_state and CircularBufferSpec exist from vLLM 0.32 on; the older
 # series express compression as the MLA specs' compress_ratio (tested above).
@@ -47,7 +55,8 @@ MLA = dict(num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
 
 @dataclass(frozen=True, kw_only=True)
 class AscendCompressedMLASpec(MLAAttentionSpec):
-    """Stand-in for vLLM-Ascend's DSv4 specs, which carry ``compress_ratio``."""
+    """An MLA spec with ``compress_ratio`` and vLLM's own semantics (block_size
+    in tokens): vLLM 0.23/0.26's MLAAttentionSpec has the field; 0.32 not."""
 
     compress_ratio: int = 1
 
@@ -126,7 +135,9 @@ def test_chunked_local_attention_is_sliding_with_chunk_window():
     assert gs[0].kind is GroupKind.SLIDING and gs[0].sliding_window == 8192
 
 
-def test_ascend_compress_ratio_subclass():
+def test_upstream_compress_ratio_counts_tokens():
+    """vLLM 0.23/0.26's own MLA specs carry ``compress_ratio`` with block_size
+    in tokens (storage_block_size = block_size // compress_ratio)."""
     cfg = kv_config(
         (["swa"], SlidingWindowMLASpec(block_size=64, sliding_window=128, **MLA)),
         (["c4"], AscendCompressedMLASpec(block_size=256, compress_ratio=4, **MLA)),
@@ -140,7 +151,7 @@ def test_ascend_compress_ratio_subclass():
     assert [g.compress_ratio for g in gs] == [1, 4, 128, 128]
     S, F = GroupKind.SLIDING, GroupKind.FULL
     assert [g.kind for g in gs] == [S, F, F, S]
-    assert gs[1].spec_name == "AscendCompressedMLASpec"
+    assert [g.block_size for g in gs] == [64, 256, 256, 8]  # not converted: these count tokens
     assert gs[1].physical_rows(256) == 64 and gs[2].physical_rows(256) == 2
     assert gs[3].physical_rows(256) == 1  # SW 128 // CR 128
 
@@ -170,6 +181,124 @@ def test_circular_buffer_ring_is_not_a_full_group():
     assert spec.prefix_cacheable is False
     gs = scheduler_groups(kv_config((["ring"], spec)))
     assert gs[0].kind is GroupKind.STATE
+
+
+# ---- vLLM-Ascend's DeepSeek-V4 and DSA groups (tests/fixtures/ascend_*) ------------
+
+
+def _dsv4_configs(release="0.23.0", a5=False, block_size=128):
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
+
+    mod = A.specs_module(release, a5)
+    groups = A.group_dsv4(AL.dsv4_specs(mod, block_size))
+    worker = AL.kv_config(groups, 64)
+    return mod, worker, generate_scheduler_kv_cache_config([worker])
+
+
+@pytest.mark.parametrize("release, a5, bs", [("0.23.0", False, 128), ("0.26.0rc1", False, 64), ("0.23.0", True, 128)])
+def test_dsv4_groups_unwrapped_rows_counted_and_alike_on_both_halves(release, a5, bs):
+    mod, worker, sched = _dsv4_configs(release, a5, bs)
+    assert all(isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs) for g in worker.kv_cache_groups)
+    assert not any(isinstance(g.kv_cache_spec, UniformTypeKVCacheSpecs) for g in sched.kv_cache_groups)
+    with A.installed(mod):
+        gw, gs = scheduler_groups(worker), scheduler_groups(sched)
+    assert gw == gs  # the scheduler sees each group's first layer only
+    cfg = AscendConfig()
+    assert HalfAgreement.of(gw, 128, cfg) == HalfAgreement.of(gs, 128, cfg)
+    (mla, swa, c4s, c128s), _ = (A.DSV4_BLOCK_SIZES_A5 if a5 else A.DSV4_BLOCK_SIZES)[bs]
+    c4, c128 = gw[0], gw[1]
+    # CompressAttentionManager blocks hold block_size ROWS of ratio tokens each.
+    assert (c4.kind, c4.compress_ratio, c4.block_size, c4.rows_per_block) == (GroupKind.FULL, 4, mla * 4, mla)
+    assert (c128.compress_ratio, c128.block_size, c128.rows_per_block) == (128, mla * 128, mla)
+    assert all(n.endswith((".attn", ".indexer.k_cache")) for n in c4.layer_names)
+    rest = gw[2:]
+    assert all(g.kind is GroupKind.SLIDING and g.compress_ratio == 1 for g in rest)
+    swa_groups = [g for g in rest if g.layer_names[0].endswith(".swa_cache")]
+    assert {(g.block_size, g.sliding_window, g.compressor) for g in swa_groups} == {(swa, AL.WINDOW, None)}
+    states = {g.block_size: g for g in rest if g.layer_names[0].endswith(".state_cache")}
+    assert states[c4s].sliding_window == 8 and states[c4s].compressor == CompressorState(4, overlap=True)
+    assert states[c128s].sliding_window == 128 and states[c128s].compressor == CompressorState(128, overlap=False)
+    assert states[c4s].kept_window == 4 and states[c128s].kept_window == 0
+    assert sum(len(g.layer_names) for g in gw) == len(AL.dsv4_specs(mod, bs))
+    assert finest_chunk_size(gw) == 128  # rows of 4 and 128 tokens, 128-token SWA blocks
+
+
+def test_without_vllm_ascend_loaded_block_size_is_tokens_and_the_plan_refuses():
+    """Were the spec module not vLLM-Ascend's, block_size would count tokens
+    and the C4 tensors' 128 rows per block would not match: startup stops."""
+    from lmcache_ascend.planning.planner import build_plan
+
+    mod, worker, _ = _dsv4_configs()
+    gs = scheduler_groups(worker)  # mirror module not installed
+    assert gs[0].block_size == 128 and gs[0].rows_per_block == 32
+    layout = AL.dsv4("0.23.0")
+    with pytest.raises(ValueError, match="rows per block"):
+        build_plan(layout.build(False).kv_caches, gs, 128)
+
+
+def test_compressor_state_without_its_layer_keeps_the_whole_window():
+    mod, worker, _ = _dsv4_configs()
+    state = next(g for g in worker.kv_cache_groups if g.layer_names[0].endswith("compressor.state_cache"))
+    with A.installed(mod):
+        (g,) = scheduler_groups(kv_config((state.layer_names, state.kv_cache_spec)))
+    assert g.compressor is None and g.kept_window == g.sliding_window  # exact, just larger
+
+
+def test_dsa_026_one_group_indexer_first():
+    mod = A.specs_module("0.26.0rc1")
+    layout = AL.dsa("0.26.0rc1", li=True)
+    (g,) = layout.groups
+    assert (g.kind, g.block_size, g.compress_ratio) == (GroupKind.FULL, 128, 1)
+    assert g.spec_name == "AscendSFAIndexerCacheSpec" and g.layer_names[0].endswith(".indexer.k_cache")
+    assert mod.AscendSFAIndexerCacheSpec.__name__ == g.spec_name
+
+
+def test_mixed_kinds_in_one_group_are_refused_naming_layers():
+    mixed = UniformTypeKVCacheSpecs(
+        block_size=16,
+        kv_cache_specs={
+            "a": FullAttentionSpec(block_size=16, **ATTN),
+            "b": SlidingWindowSpec(block_size=16, sliding_window=32, **ATTN),
+        },
+    )
+    with pytest.raises(ValueError) as err:
+        scheduler_groups(kv_config((["a", "b"], mixed)))
+    msg = str(err.value)
+    assert "group 0" in msg and "'b'" in msg and "'a'" in msg and "sliding" in msg
+
+
+def test_unknown_spec_makes_state_and_hits_refused():
+    @dataclass(frozen=True)
+    class FutureSpec(kv_interface.KVCacheSpec):
+        pass
+
+    cfg = kv_config((["x"], FutureSpec(block_size=16)), (["y"], FullAttentionSpec(block_size=16, **ATTN)))
+    gs = scheduler_groups(cfg)
+    assert gs[0].kind is GroupKind.STATE
+    assert [g.index for g in unrestorable_groups(gs, AscendConfig())] == [0]
+
+
+def test_dcp_replicated_indexer_is_refused():
+    mod = A.specs_module("0.26.0rc1")
+    spec = mod.AscendSFAIndexerCacheSpec(
+        block_size=128, num_kv_heads=1, head_size=128, dtype=torch.int8, sfa_dcp_replicated_indexer_size=2
+    )
+    with A.installed(mod), pytest.raises(ValueError, match="sfa_dcp_replicated_indexer_size=2"):
+        scheduler_groups(kv_config((["l.indexer.k_cache"], spec)))
+
+
+def test_layout_facts_ratios_only_for_groups_that_mix_them():
+    mod, worker, _ = _dsv4_configs()
+    with A.installed(mod):
+        assert layout_facts(worker).layer_compress_ratio == {}
+    mixed = UniformTypeKVCacheSpecs(
+        block_size=256,
+        kv_cache_specs={
+            "c4": AscendCompressedMLASpec(block_size=256, compress_ratio=4, **MLA),
+            "c128": AscendCompressedMLASpec(block_size=256, compress_ratio=128, **MLA),
+        },
+    )
+    assert layout_facts(kv_config((["c4", "c128"], mixed))).layer_compress_ratio == {"c4": 4, "c128": 128}
 
 
 # ---- step_view ----------------------------------------------------------------

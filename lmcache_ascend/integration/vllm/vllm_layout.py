@@ -8,6 +8,7 @@ the planning code never depend on vLLM's classes directly.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
@@ -24,9 +25,26 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from lmcache_ascend.compat import vllm_features
-from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.groups import CompressorState, GroupKind, SchedulerGroup
 
 logger = logging.getLogger(__name__)
+
+
+# vLLM-Ascend (0.23.0, 0.26.0rc1) defines its spec classes here. Its
+# AscendMLAAttentionSpec counts compressed ROWS in block_size: its manager
+# (vllm_ascend/core/single_type_kv_cache_manager.py, CompressAttentionManager)
+# divides token counts by compress_ratio before sizing blocks, and its page
+# holds block_size rows (kv_cache_interface.py, page_size_bytes /
+# real_page_size_bytes); vLLM's own MLAAttentionSpec counts tokens
+# (storage_block_size = block_size // compress_ratio). The module is never
+# imported here: a spec of its classes exists only once vLLM-Ascend loaded it.
+_ASCEND_SPECS_MODULE = "vllm_ascend.core.kv_cache_interface"
+_ROW_COUNTED_SPECS = ("AscendMLAAttentionSpec",)
+# DeepSeek-V4 compressor state caches and the layers whose compressors use
+# them (vllm_ascend/models/deepseek_v4.py: Compressor, Indexer): the
+# attention compressor of "<x>" writes "<x>.attn", the indexer's "<x>.k_cache".
+_COMPRESSOR_STATE_SUFFIX = ".compressor.state_cache"
+_COMPRESSED_SIBLINGS = (".attn", ".k_cache")
 
 
 def _prefix_cacheable(spec: KVCacheSpec) -> bool:
@@ -36,7 +54,7 @@ def _prefix_cacheable(spec: KVCacheSpec) -> bool:
 
 
 def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
-    """Group kind and sliding window of one vLLM spec."""
+    """Group kind and sliding window of one per-layer vLLM spec."""
     if isinstance(spec, MambaSpec):
         return GroupKind.STATE, None
     if not _prefix_cacheable(spec):
@@ -44,6 +62,8 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
         # content is not a function of token positions we could restore.
         return GroupKind.STATE, None
     if isinstance(spec, SlidingWindowSpec):
+        # Includes vLLM-Ascend's AscendSlidingWindowMLASpec: DeepSeek-V4's
+        # SWA caches and its compressor state caches (windows 8 and 128).
         return GroupKind.SLIDING, int(spec.sliding_window)
     if isinstance(spec, ChunkedLocalAttentionSpec):
         # Only the current attention chunk is kept; a window of that length
@@ -52,9 +72,8 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     if isinstance(spec, (FullAttentionSpec, AttentionSpec)):
         # A FullAttentionSpec with sliding_window set still keeps every block.
         return GroupKind.FULL, None
-    # Anything else (vLLM-Ascend DSv4 state specs, future specs) holds state we
-    # cannot rebuild from token positions: the planner decides whether it is
-    # skippable (allowlist) or makes hits unservable.
+    # Anything else (a UniformTypeKVCacheSpecs nested in one, future specs)
+    # holds state we cannot rebuild from token positions: hits are refused.
     return GroupKind.STATE, None
 
 
@@ -70,23 +89,121 @@ def _compress_ratio(spec: KVCacheSpec) -> int:
     return int(ratio or 1)
 
 
-def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ...]:
-    """One ``SchedulerGroup`` per vLLM KV cache group, index == group id."""
-    out = []
-    transferable = transferable_group_ids(kv_cache_config)
-    for idx, group in enumerate(kv_cache_config.kv_cache_groups):
+def _counts_rows(spec: KVCacheSpec) -> bool:
+    module = sys.modules.get(_ASCEND_SPECS_MODULE)
+    classes = tuple(c for c in (getattr(module, n, None) for n in _ROW_COUNTED_SPECS) if isinstance(c, type))
+    return bool(classes) and isinstance(spec, classes)
+
+
+@dataclass(frozen=True)
+class _SpecFacts:
+    kind: GroupKind
+    window: Optional[int]
+    ratio: int
+    tokens_per_block: int
+
+
+def _facts(layer: str, spec: KVCacheSpec) -> _SpecFacts:
+    replicas = getattr(spec, "sfa_dcp_replicated_indexer_size", 1)
+    if replicas != 1:
+        # vLLM-Ascend then allocates num_blocks x replicas indexer blocks
+        # (model_runner_v1.py, dsa_k_cache_shape); we address one per block id.
+        raise ValueError(
+            f"layer {layer!r} ({type(spec).__name__}): sfa_dcp_replicated_indexer_size={replicas} "
+            "(DCP-replicated SFA indexer) is not supported; valid: 1"
+        )
+    kind, window = _classify(spec)
+    ratio = _compress_ratio(spec)
+    block = int(spec.block_size)
+    return _SpecFacts(kind, window, ratio, block * ratio if _counts_rows(spec) else block)
+
+
+def _layer_specs(group: Any) -> dict[str, KVCacheSpec]:
+    """Per-layer specs of a group: a UniformTypeKVCacheSpecs group (every
+    DeepSeek-V4 group on vLLM-Ascend, the 0.26 DSA group, and vLLM's own
+    DSv4 groups on the worker side) is unwrapped; vLLM's scheduler process
+    sees the first layer's spec instead (kv_cache_utils.py,
+    generate_scheduler_kv_cache_config), so both halves classify a group by
+    its first layer and check the others agree."""
+    spec = group.kv_cache_spec
+    if isinstance(spec, UniformTypeKVCacheSpecs):
+        return dict(spec.kv_cache_specs)
+    return {name: spec for name in group.layer_names}
+
+
+def _group_facts(idx: int, group: Any, specs: dict[str, KVCacheSpec]) -> tuple[_SpecFacts, KVCacheSpec]:
+    if not specs:
         spec = group.kv_cache_spec
-        kind, window = _classify(spec)
+        return _facts(f"<group {idx}>", spec), spec
+    items = list(specs.items())
+    first_name, first = items[0]
+    facts = _facts(first_name, first)
+    for name, spec in items[1:]:
+        other = _facts(name, spec)
+        same = (other.kind, other.window, other.tokens_per_block) == (facts.kind, facts.window, facts.tokens_per_block)
+        if not same:
+            raise ValueError(
+                f"KV cache group {idx}: layer {name!r} ({type(spec).__name__}: {other.kind.value}, window "
+                f"{other.window}, {other.tokens_per_block} tokens per block) differs from layer "
+                f"{first_name!r} ({type(first).__name__}: {facts.kind.value}, window {facts.window}, "
+                f"{facts.tokens_per_block} tokens per block); vLLM's scheduler sees only the first, "
+                "so such a group cannot be addressed as one"
+            )
+    return facts, first
+
+
+def _compressor_of(
+    layer_names: Sequence[str], window: Optional[int], ratios: dict[str, int]
+) -> Optional[CompressorState]:
+    """What a group of DeepSeek-V4 compressor state caches feeds, or None
+    (then the whole sliding window is kept, which is always exact)."""
+    if not layer_names or window is None:
+        return None
+    found = set()
+    for name in layer_names:
+        if not name.endswith(_COMPRESSOR_STATE_SUFFIX):
+            return None
+        owner = name[: -len(_COMPRESSOR_STATE_SUFFIX)]
+        sibling = [ratios[owner + s] for s in _COMPRESSED_SIBLINGS if ratios.get(owner + s, 1) > 1]
+        if len(sibling) != 1:
+            return None
+        ratio = sibling[0]
+        # vLLM's CompressorStateCache: sliding_window = coff * compress_ratio,
+        # coff = 2 when the compressor overlaps windows (ratio 4), else 1.
+        if window % ratio or window // ratio not in (1, 2):
+            return None
+        found.add(CompressorState(ratio, overlap=window // ratio == 2))
+    return found.pop() if len(found) == 1 else None
+
+
+def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ...]:
+    """One ``SchedulerGroup`` per vLLM KV cache group, index == group id.
+
+    Gives the same groups for the worker's config (UniformTypeKVCacheSpecs
+    kept) and the scheduler's (unwrapped to the first layer's spec)."""
+    transferable = transferable_group_ids(kv_cache_config)
+    facts: list[tuple[_SpecFacts, KVCacheSpec]] = []
+    ratios: dict[str, int] = {}
+    for idx, group in enumerate(kv_cache_config.kv_cache_groups):
+        specs = _layer_specs(group)
+        facts.append(_group_facts(idx, group, specs))
+        for name, spec in specs.items():
+            ratios[name] = _compress_ratio(spec)
+    out = []
+    for idx, (group, (f, first)) in enumerate(zip(kv_cache_config.kv_cache_groups, facts)):
+        names = tuple(group.layer_names)
         out.append(
             SchedulerGroup(
                 index=idx,
-                kind=kind,
-                spec_name=type(spec).__name__,
-                block_size=int(spec.block_size),
-                compress_ratio=_compress_ratio(spec),
-                sliding_window=window,
-                layer_names=tuple(group.layer_names),
+                kind=f.kind,
+                # The first layer's class: what vLLM's scheduler process sees.
+                spec_name=type(first).__name__,
+                block_size=f.tokens_per_block,
+                compress_ratio=f.ratio,
+                sliding_window=f.window,
+                layer_names=names,
                 transferable=idx in transferable,
+                compressor=_compressor_of(names, f.window, ratios) if f.kind is GroupKind.SLIDING else None,
             )
         )
     return tuple(out)
@@ -101,15 +218,17 @@ class LayoutFacts:
 
 
 def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
+    """Worker side only: the scheduler's config has no per-layer specs."""
     layout = _kv_cache_layout(kv_cache_config)
     ratios: dict[str, int] = {}
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
         if isinstance(spec, UniformTypeKVCacheSpecs):
-            # One group whose layers carry their own specs (DSv4 on vLLM >=
-            # 0.20 mixes compress ratios 4 and 128 in group 0).
-            for name, layer_spec in spec.kv_cache_specs.items():
-                ratios[name] = _compress_ratio(layer_spec)
+            layer_ratios = {name: _compress_ratio(s) for name, s in spec.kv_cache_specs.items()}
+            if len(set(layer_ratios.values())) > 1:
+                # One group whose layers differ in compression (vLLM's own
+                # DSv4 groups mix compress-4 and compress-128 layers).
+                ratios.update(layer_ratios)
     return LayoutFacts(
         kv_layout=layout if layout in ("NHD", "HND") else None,
         layer_compress_ratio=ratios,
