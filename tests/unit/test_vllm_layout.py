@@ -26,6 +26,7 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
+from lmcache_ascend.integration.vllm import vllm_layout
 from lmcache_ascend.integration.vllm.vllm_layout import (
     ScheduledRequest,
     layout_facts,
@@ -287,7 +288,9 @@ def test_dcp_replicated_indexer_is_refused():
         scheduler_groups(kv_config((["l.indexer.k_cache"], spec)))
 
 
-def test_layout_facts_ratios_only_for_groups_that_mix_them():
+def test_layout_facts_ratios_only_for_groups_that_mix_them(monkeypatch):
+    # vLLM < 0.32 resolves the NHD/HND layout from the running engine's config.
+    monkeypatch.setattr(vllm_layout, "_kv_cache_layout", lambda cfg: "NHD")
     mod, worker, _ = _dsv4_configs()
     with A.installed(mod):
         assert layout_facts(worker).layer_compress_ratio == {}
