@@ -29,6 +29,9 @@ class HalfAgreement:
     groups: tuple[tuple[object, ...], ...]
     skipped: tuple[int, ...]
     unrestorable: tuple[int, ...]
+    # Mamba state hits (planning/state_align.py): (on, block size, snapshot
+    # layout fingerprint); empty for models without Mamba groups.
+    state: tuple[object, ...] = ()
 
     @classmethod
     def of(cls, groups: Sequence[SchedulerGroup], chunk_size: int, config: AscendConfig) -> "HalfAgreement":
@@ -50,6 +53,7 @@ class HalfAgreement:
         return (
             f"chunk {self.chunk_size} tokens, groups {list(self.groups)}, skipped {list(self.skipped)}, "
             f"unrestorable {list(self.unrestorable)}"
+            + (f", state hits {list(self.state)}" if self.state else "")
         )
 
 
