@@ -17,7 +17,7 @@ import dataclasses
 import logging
 import struct
 import zlib
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import torch
 
@@ -68,6 +68,7 @@ class LoadOutcome:
     back by the caller after ``retrieve`` returns: per call, never shared."""
 
     loaded_chunks: int = 0
+    state_pieces: int = 0  # Mamba state snapshot pieces loaded (see StatePieces)
     checksum_failures: int = 0
     load_failures: int = 0  # chunks whose copy raised
     # Token start of the first chunk that could not be loaded (bad checksum,
@@ -76,6 +77,18 @@ class LoadOutcome:
 
     def fail(self, start: int) -> None:
         self.failed_from = start if self.failed_from is None else min(self.failed_from, start)
+
+
+class StatePieces(Protocol):
+    """A Mamba state snapshot travelling after a request's KV chunks: the
+    chunks of the token sequence at and after ``position`` are its pieces
+    (planning/state_align.py), not KV chunks."""
+
+    position: int
+
+    def store_piece(self, buf: torch.Tensor, piece: int) -> None: ...
+
+    def load_piece(self, buf: torch.Tensor, piece: int) -> None: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +100,13 @@ class TransferContext:
     req_id: str
     block_ids: tuple[tuple[int, ...], ...]
     outcome: LoadOutcome = dataclasses.field(default_factory=LoadOutcome)
+    state: Optional[StatePieces] = None
+
+    def state_piece(self, start: int, chunk_size: int) -> Optional[int]:
+        """Index of the state piece at token ``start``, or None for a KV chunk."""
+        if self.state is None or start < self.state.position:
+            return None
+        return (start - self.state.position) // chunk_size
 
 
 class ChunkCorrupted(RuntimeError):
@@ -192,6 +212,11 @@ class PagedChunkConnector(GPUConnectorInterface):
         try:
             for obj, start, end in zip(memory_objs, starts, ends, strict=True):
                 buf = self._buffer(obj)
+                piece = ctx.state_piece(start, self.chunk_size)
+                if piece is not None:
+                    ctx.state.store_piece(buf[: self.chunk_bytes], piece)
+                    self._seal(buf)
+                    continue
                 result = self._store(buf, ChunkRequest(start, end, ctx.block_ids))
                 if getattr(result, "stored", True) is False:
                     # Never seal (and so validate) a buffer nothing was copied into.
@@ -229,6 +254,11 @@ class PagedChunkConnector(GPUConnectorInterface):
             try:
                 buf = self._buffer(obj)
                 self._verify(buf, start)
+                piece = ctx.state_piece(start, self.chunk_size)
+                if piece is not None:
+                    ctx.state.load_piece(buf[: self.chunk_bytes], piece)
+                    outcome.state_pieces += 1
+                    continue
                 self._load(buf, ChunkRequest(start, end, ctx.block_ids))
             except ChunkCorrupted as exc:
                 outcome.checksum_failures += 1
