@@ -240,8 +240,9 @@ def _fold_aliases(
     * A view whose block holds other views with a *different* row geometry
       is a reinterpretation of their bytes (vLLM-Ascend 0.23 on A5 hands the
       DeepSeek-V4 indexer as K rows, scale rows and a third "full" view of
-      132-byte rows over the same page, kv_cache_interface / model_runner_v1
-      ``_adjust_kv_layout`` with ``overlap_full_kv_cache``): its row r is
+      132-byte rows over the same page, worker/model_runner_v1.py
+      ``_reshape_kv_cache_tensors`` / ``_adjust_kv_layout`` with
+      ``overlap_full_kv_cache``): its row r is
       not token r's bytes, so it is folded into those views when they tile
       its block exactly, and refused otherwise.
     * Disjoint views (Mamba-style slices, K-then-scale pages) stay separate
