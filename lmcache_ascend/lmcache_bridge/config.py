@@ -16,12 +16,16 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any, Mapping
-
-from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.config_base import validate_and_set_config_value
+from typing import TYPE_CHECKING, Any, Mapping
 
 from lmcache_ascend.planning.settings import BOOL_WORDS_TEXT, KEYS, KEY_NAMES, parse_bool
+
+if TYPE_CHECKING:
+    from lmcache.v1.config import LMCacheEngineConfig
+
+# LMCache is imported inside the functions: the patch that registers our
+# keys runs while LMCache's config module is still being imported (hook.py),
+# and it imports this module.
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +86,7 @@ class ExtraConfigError(ValueError):
     """A kv_connector_extra_config entry that cannot be applied."""
 
 
-def apply_extra_config(config: LMCacheEngineConfig, extra: Mapping[str, Any] | None) -> None:
+def apply_extra_config(config: "LMCacheEngineConfig", extra: Mapping[str, Any] | None) -> None:
     """Apply ``kv_connector_extra_config`` to an LMCache config.
 
     Keys are LMCache config keys, optionally prefixed with ``lmcache.`` (the
@@ -91,6 +95,8 @@ def apply_extra_config(config: LMCacheEngineConfig, extra: Mapping[str, Any] | N
     """
     if not extra:
         return
+    from lmcache.v1.config_base import validate_and_set_config_value
+
     known = set(config._config_definitions)  # type: ignore[attr-defined]
     for raw_key, value in extra.items():
         key = raw_key[len("lmcache.") :] if raw_key.startswith("lmcache.") else raw_key
@@ -122,7 +128,7 @@ def _is_bool_word(value: Any) -> bool:
     return parse_bool(value) is not None
 
 
-def validate_engine_config(config: LMCacheEngineConfig, environ: Mapping[str, str]) -> None:
+def validate_engine_config(config: "LMCacheEngineConfig", environ: Mapping[str, str]) -> None:
     """Refuse values LMCache 0.5.6 accepts silently or fails on obscurely
     (some of them after starting a thread that keeps the process alive)."""
     defs = config._config_definitions  # type: ignore[attr-defined]
@@ -167,7 +173,7 @@ def validate_engine_config(config: LMCacheEngineConfig, environ: Mapping[str, st
 
 
 def enforce_engine_requirements(
-    config: LMCacheEngineConfig, num_groups: int, connector: str = "LMCacheAscendConnectorV1Dynamic"
+    config: "LMCacheEngineConfig", num_groups: int, connector: str = "LMCacheAscendConnectorV1Dynamic"
 ) -> None:
     """Settings our chunk path relies on, applied with a log line each;
     ``connector`` names the route in the errors."""
