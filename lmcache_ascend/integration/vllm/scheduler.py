@@ -15,13 +15,16 @@ from lmcache_ascend.integration.vllm.stats import SchedulerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import (
     LoadSpec,
     RequestTransfer,
+    StateLoad,
+    StateStore,
     StepTransfers,
     StoreSpec,
 )
 from lmcache_ascend.integration.vllm.vllm_layout import RequestView, StepView
 from lmcache_ascend.planning.agreement import HalfAgreement
-from lmcache_ascend.planning.groups import SchedulerGroup
+from lmcache_ascend.planning.groups import NULL_BLOCK_ID, SchedulerGroup
 from lmcache_ascend.planning.slot_mapping import primary_group
+from lmcache_ascend.planning.state_align import hit_block_index, running_block_index
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +37,23 @@ LookupFn = Callable[[Sequence[int], str], Optional[int]]
 # A failing lookup path is logged on the first failure and then every this
 # many, so a dead lookup server cannot flood the log.
 _LOOKUP_FAILURE_LOG_EVERY = 100
+# Lookups one admission may spend looking for a chunk boundary with a stored
+# Mamba state, walking down from the longest stored KV prefix. A probe that
+# finds the KV ending at r jumps straight to r, so probes are only spent on
+# boundaries whose KV is stored but whose state is not: every boundary a
+# decode crossed has state, prefill steps leave one where they end.
+MAX_STATE_PROBES = 16
+
+
+@dataclass(frozen=True)
+class StateHits:
+    """Mamba state hits (planning/state_align.py): the block size B of the
+    state groups and the marks appended to ``tokens[:P]`` to key the
+    snapshot at P."""
+
+    groups: tuple[int, ...]
+    block_size: int
+    marks: tuple[int, ...]
 
 
 @dataclass
@@ -42,12 +62,15 @@ class _Tracked:
     block_ids: list[list[int]]
     # Tokens [0, saved_upto) are in LMCache or were deliberately not stored.
     saved_upto: int = 0
+    # Mamba state: positions up to this one were loaded or stored already.
+    state_upto: int = 0
 
 
 @dataclass
 class _PendingLoad:
     skip_tokens: int
     hit_tokens: int
+    lookup_id: Optional[str] = None
 
 
 class SchedulerHalf:
@@ -58,17 +81,32 @@ class SchedulerHalf:
         lookup: LookupFn,
         hit_blockers: Sequence[SchedulerGroup] = (),
         agreement: Optional[HalfAgreement] = None,
+        state: Optional[StateHits] = None,
+        refusal: Optional[str] = None,
     ) -> None:
         """``agreement``: what this half planned with; shipped with every step
-        so the worker can refuse transfers planned under another one."""
+        so the worker can refuse transfers planned under another one.
+        ``state``: Mamba state groups whose state is stored and loaded at
+        step-end chunk boundaries. ``refusal``: the one line to log when
+        ``hit_blockers`` refuse hits (default: a generic one)."""
         self.groups = tuple(groups)
         self.chunk_size = chunk_size
         self._lookup = lookup
         self.agreement = agreement
+        self._state = state
+        if state is not None and chunk_size % state.block_size:
+            raise ValueError(f"chunk_size {chunk_size} is not a multiple of the state block size {state.block_size}")
+        # Lookup ids of state probes: a successful one per request until its
+        # load, and the missed ones, whose pins the worker drops next step.
+        self._lookup_ids: dict[str, str] = {}
+        self._unpin: list[str] = []
+        self._probe_seq = 0
         # Groups whose state we cannot restore at a chunk boundary: any hit
         # would leave them stale, so hits are refused (outputs stay exact).
         self._hit_blockers = tuple(hit_blockers)
-        if self._hit_blockers:
+        if self._hit_blockers and refusal:
+            logger.warning("%s", refusal)
+        elif self._hit_blockers:
             logger.warning(
                 "lmcache-ascend: KV cache group(s) %s hold recurrent state "
                 "(%s) that cannot be restored exactly at chunk boundaries: "
@@ -117,15 +155,55 @@ class SchedulerHalf:
             self._hits[view.req_id] = 0
             return 0, False
         self.stats.lookup_requests += 1
-        found = self._lookup(view.token_ids[:limit], view.req_id)
-        if found is None:
-            self._lookup_failed(view.req_id)
-            found = 0
-        hit = int(found)
-        hit = min(hit - hit % self.chunk_size, limit)
+        if self._state is not None:
+            hit = self._state_lookup(view, num_computed_tokens, limit)
+        else:
+            found = self._lookup(view.token_ids[:limit], view.req_id)
+            if found is None:
+                self._lookup_failed(view.req_id)
+                found = 0
+            hit = int(found)
+            hit = min(hit - hit % self.chunk_size, limit)
         self._hits[view.req_id] = hit
         self.stats.hit_tokens += hit
         return (hit - num_computed_tokens, False) if hit > num_computed_tokens else (0, False)
+
+    def _state_lookup(self, view: RequestView, num_computed: int, limit: int) -> int:
+        """The longest chunk boundary P <= ``limit`` (beyond what vLLM has)
+        whose KV chunks and Mamba state are both stored, or 0.
+
+        One lookup of ``tokens[:P] + marks`` answers both: LMCache counts the
+        stored prefix of that sequence's chunks. Each probe pins what it
+        found under its own lookup id (LMCache replaces the pins of a repeated
+        id instead of adding to them): the hit's pins are released after its
+        load, a miss's with the next step."""
+        assert self._state is not None
+        marks = self._state.marks
+        self._release_lookup(view.req_id)  # an earlier admission attempt
+        pos = limit
+        for _ in range(MAX_STATE_PROBES):
+            if pos <= num_computed:
+                break
+            self._probe_seq += 1
+            lookup_id = f"{view.req_id}#state{self._probe_seq}"
+            found = self._lookup(list(view.token_ids[:pos]) + list(marks), lookup_id)
+            if found is None:
+                self._unpin.append(lookup_id)
+                self._lookup_failed(view.req_id)
+                return 0
+            if found >= pos + len(marks):
+                self._lookup_ids[view.req_id] = lookup_id
+                return pos
+            self._unpin.append(lookup_id)
+            # KV stored up to `found`: the state there is the next candidate;
+            # KV stored past pos but no (whole) state at pos: one chunk back.
+            pos = found - found % self.chunk_size if found < pos else pos - self.chunk_size
+        return 0
+
+    def _release_lookup(self, req_id: str) -> None:
+        lookup_id = self._lookup_ids.pop(req_id, None)
+        if lookup_id is not None:
+            self._unpin.append(lookup_id)
 
     def _lookup_failed(self, req_id: str) -> None:
         self.stats.lookup_failures += 1
@@ -142,6 +220,7 @@ class SchedulerHalf:
     def update_state_after_alloc(self, req_id: str, num_external_tokens: int) -> None:
         if num_external_tokens <= 0:
             self._pending_loads.pop(req_id, None)
+            self._release_lookup(req_id)
             return
         hit = self._hits.get(req_id, 0)
         skip = hit - num_external_tokens
@@ -150,7 +229,7 @@ class SchedulerHalf:
                 f"request {req_id}: vLLM allocated {num_external_tokens} external "
                 f"tokens but the lookup hit only {hit}"
             )
-        self._pending_loads[req_id] = _PendingLoad(skip_tokens=skip, hit_tokens=hit)
+        self._pending_loads[req_id] = _PendingLoad(skip, hit, self._lookup_ids.pop(req_id, None))
 
     # ---- per step --------------------------------------------------------
 
@@ -168,13 +247,24 @@ class SchedulerHalf:
             load = self._pending_loads.pop(sched.req_id, None)
             load_spec = None
             if load is not None:
-                load_spec = LoadSpec(load.skip_tokens, load.hit_tokens)
+                load_spec = LoadSpec(
+                    load.skip_tokens,
+                    load.hit_tokens,
+                    load.lookup_id,
+                    self._state_load(tracked, load.hit_tokens, sched.num_scheduled_tokens),
+                )
                 tracked.saved_upto = max(tracked.saved_upto, load.hit_tokens)
+                tracked.state_upto = max(tracked.state_upto, load.hit_tokens)
             computed_after = sched.num_computed_tokens + sched.num_scheduled_tokens
             store_spec = self._store_range(tracked, computed_after)
-            if load_spec is None and store_spec is None:
+            state_store = self._state_store(tracked, sched.num_scheduled_tokens, computed_after)
+            if load_spec is None and store_spec is None and state_store is None:
                 continue
-            end = max(load_spec.hit_tokens if load_spec else 0, store_spec.end if store_spec else 0)
+            end = max(
+                load_spec.hit_tokens if load_spec else 0,
+                store_spec.end if store_spec else 0,
+                state_store.position if state_store else 0,
+            )
             out.append(
                 RequestTransfer(
                     req_id=sched.req_id,
@@ -182,13 +272,51 @@ class SchedulerHalf:
                     block_ids=tuple(tuple(ids) for ids in tracked.block_ids),
                     load=load_spec,
                     store=store_spec,
+                    state_store=state_store,
                 )
             )
         for req_id in step.finished_req_ids:
             self._forget(req_id)
+        unpin, self._unpin = tuple(self._unpin), []
         return StepTransfers(
-            requests=tuple(out), finished_req_ids=step.finished_req_ids, agreement=self.agreement
+            requests=tuple(out),
+            finished_req_ids=step.finished_req_ids,
+            agreement=self.agreement,
+            unpin_lookup_ids=unpin,
         )
+
+    def _state_blocks(self, tracked: _Tracked, index: int) -> tuple[tuple[int, int], ...]:
+        """(group, block id) at ``index`` of every state group; a missing
+        position reads as the null block (the worker refuses it)."""
+        assert self._state is not None
+        out = []
+        for g in self._state.groups:
+            ids = tracked.block_ids[g] if g < len(tracked.block_ids) else []
+            out.append((g, int(ids[index]) if 0 <= index < len(ids) else NULL_BLOCK_ID))
+        return tuple(out)
+
+    def _state_load(self, tracked: _Tracked, hit: int, scheduled: int) -> Optional[StateLoad]:
+        if self._state is None:
+            return None
+        bs = self._state.block_size
+        return StateLoad(
+            hit_blocks=self._state_blocks(tracked, hit_block_index(hit, bs)),
+            running_blocks=self._state_blocks(tracked, running_block_index(hit, scheduled, bs)),
+        )
+
+    def _state_store(self, tracked: _Tracked, scheduled: int, end: int) -> Optional[StateStore]:
+        """The state this step leaves at ``end``, if ``end`` is a chunk
+        boundary: only a step's end has state (align mode), in block
+        end/B - 1 of every state group, valid until the step's stores."""
+        if self._state is None or scheduled <= 0 or end <= 0 or end % self.chunk_size:
+            return None
+        if end <= tracked.state_upto or end > len(tracked.view.token_ids):
+            return None
+        blocks = self._state_blocks(tracked, hit_block_index(end, self._state.block_size))
+        if any(b == NULL_BLOCK_ID for _, b in blocks):
+            return None
+        tracked.state_upto = end
+        return StateStore(end, blocks)
 
     def _track(self, req_id: str, sched) -> Optional[_Tracked]:
         tracked = self._tracked.get(req_id)
@@ -234,6 +362,10 @@ class SchedulerHalf:
         return spec
 
     def _forget(self, req_id: str) -> None:
+        self._release_lookup(req_id)
+        pending = self._pending_loads.get(req_id)
+        if pending is not None and pending.lookup_id is not None:
+            self._unpin.append(pending.lookup_id)
         self._tracked.pop(req_id, None)
         self._views.pop(req_id, None)
         self._hits.pop(req_id, None)

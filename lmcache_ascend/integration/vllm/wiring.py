@@ -22,6 +22,7 @@ from lmcache_ascend.integration.vllm.worker import WorkerHalf
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.groups import SchedulerGroup
 from lmcache_ascend.planning.settings import AscendConfig
+from lmcache_ascend.planning.state_align import SnapshotLayout, StateGate
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,10 @@ class ConnectorSetup:
     chunk_size: int
     engine: Any  # lmcache_bridge.engine.EngineSpec
     agreement: HalfAgreement
+    # Mamba / GDN state hits: the gate (None without Mamba groups) and, when
+    # it is open, the snapshot layout.
+    state_gate: Optional[StateGate] = None
+    snapshot: Optional[SnapshotLayout] = None
 
 
 def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
@@ -65,14 +70,52 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
         raise ValueError(f"LMCache chunk_size must be > 0, got {chunk_size}")
     model, engine_id, rank, world = vllm_layout.engine_identity(vllm_config)
     ascend = AscendConfig.from_lmcache(config)
+    gate, snapshot = _state_setup(vllm_config, kv_cache_config, groups, chunk_size, ascend)
+    agreement = HalfAgreement.of(groups, chunk_size, ascend)
+    if gate is not None:
+        agreement = dataclasses.replace(
+            agreement, state=(gate.enabled, gate.block_size, snapshot.fingerprint if snapshot else "")
+        )
     return ConnectorSetup(
         lmcache_config=config,
         ascend_config=ascend,
         groups=groups,
         chunk_size=chunk_size,
         engine=EngineSpec(model, engine_id, rank, world, chunk_size, extra),
-        agreement=HalfAgreement.of(groups, chunk_size, ascend),
+        agreement=agreement,
+        state_gate=gate,
+        snapshot=snapshot,
     )
+
+
+def _state_setup(vllm_config: Any, kv_cache_config: Any, groups: tuple[SchedulerGroup, ...], chunk_size: int,
+                 ascend: AscendConfig) -> tuple[Optional[StateGate], Optional[SnapshotLayout]]:
+    """Whether Mamba state hits are exact here (planning/state_align.py)."""
+    from lmcache_ascend.planning.state_align import decide, snapshot_layout
+    from lmcache_ascend.planning.state_skip import skipped_groups
+
+    facts = vllm_layout.state_align_facts(vllm_config, kv_cache_config)
+    skipped = tuple(s.index for s in skipped_groups(groups, ascend))
+    gate = decide(facts, groups, chunk_size, skipped)
+    if gate is None or not gate.enabled:
+        return gate, None
+    return gate, snapshot_layout(facts, groups, chunk_size, skipped)
+
+
+def hit_blockers(setup: ConnectorSetup) -> tuple[tuple[SchedulerGroup, ...], Optional[str]]:
+    """Groups that make hits unsafe, and the one line that says why (None:
+    the scheduler's generic line). Mamba groups block hits only while the
+    state gate is shut."""
+    from lmcache_ascend.planning.state_skip import unrestorable_groups
+
+    blockers = unrestorable_groups(setup.groups, setup.ascend_config)
+    gate = setup.state_gate
+    if gate is None:
+        return blockers, None
+    if gate.enabled:
+        return tuple(g for g in blockers if g.index not in gate.groups), None
+    only_mamba = all(g.index in gate.groups for g in blockers)
+    return blockers, gate.refusal() if only_mamba else None
 
 
 def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: Mapping[str, Any]) -> None:
@@ -97,17 +140,31 @@ def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: 
 
 def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHalf:
     """The scheduler half with its LMCache lookup client."""
+    from lmcache_ascend.integration.vllm.scheduler import StateHits
     from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
-    from lmcache_ascend.planning.state_skip import unrestorable_groups
 
     setup = load_setup(vllm_config, kv_cache_config)
     vllm_layout.ensure_recompute_on_load_failure(vllm_config)
+    blockers, refusal = hit_blockers(setup)
+    state = None
+    if setup.snapshot is not None and setup.state_gate is not None:
+        gate = setup.state_gate
+        state = StateHits(gate.groups, gate.block_size, setup.snapshot.marks())
+        logger.info(
+            "lmcache-ascend: Mamba/GDN state hits on (vLLM align mode, block %d tokens): state "
+            "group(s) %s, %s",
+            gate.block_size,
+            list(gate.groups),
+            setup.snapshot.describe(),
+        )
     half = SchedulerHalf(
         setup.groups,
         setup.chunk_size,
         SchedulerLookup.create(setup.lmcache_config, setup.engine),
-        hit_blockers=unrestorable_groups(setup.groups, setup.ascend_config),
+        hit_blockers=blockers,
         agreement=setup.agreement,
+        state=state,
+        refusal=refusal,
     )
     logger.info(
         "lmcache-ascend scheduler: %d KV cache group(s) %s, chunk %d tokens (plan %s)",
@@ -130,6 +187,9 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
     setup = load_setup(vllm_config, kv_cache_config)
     hints = worker_layout_hints(kv_cache_config)
     plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
+    state = None
+    if setup.snapshot is not None and setup.state_gate is not None:
+        state, plan = _worker_state(setup, plan, kv_caches)
     transfer = ChunkTransfer(plan, kv_device=kv_device(kv_caches), kv_caches=kv_caches)
     connector = PagedChunkConnector(
         plan.chunk_bytes,
@@ -141,8 +201,8 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
     engine = WorkerEngine.start(
         setup.lmcache_config, setup.engine, connector, plan.chunk_bytes, len(kv_caches), plan.layout_fingerprint
     )
-    half = WorkerHalf(setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement)
-    text = plan_text(setup.groups, plan)
+    half = WorkerHalf(setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement, state=state)
+    text = plan_text(setup.groups, plan, setup.state_gate, setup.snapshot)
     logger.info("lmcache-ascend worker plan (%s):\n%s", setup.agreement.fingerprint, text)
     log_copy_threads(transfer)
     # One machine-readable record for tools that read logs (demo, explain).
@@ -151,12 +211,70 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
         "plan": dataclasses.asdict(plan.describe()),
         "groups": [dataclasses.asdict(g) for g in setup.groups],
         "agreement": setup.agreement.fingerprint,
+        "state": state_record(setup.state_gate, setup.snapshot),
     }
     logger.info("LMCACHE_ASCEND_PLAN_JSON %s", json.dumps(record, default=str, separators=(",", ":")))
     return half
 
 
-def plan_text(groups: tuple[SchedulerGroup, ...], plan: Any) -> str:
+def _worker_state(setup: ConnectorSetup, plan: Any, kv_caches: Mapping[str, Any]):
+    """The state transfer for this worker's Mamba tensors, and the plan with
+    the Mamba groups no longer counted as unrestorable (they are restored by
+    state snapshots, not moved in chunks)."""
+    from lmcache_ascend.transfer.state_transfer import StateTransfer
+
+    snapshot, gate = setup.snapshot, setup.state_gate
+    if snapshot.piece_bytes > plan.chunk_bytes:
+        # The scheduler sized pieces by a lower bound of the chunk buffer
+        # (planning/state_align.py): a bigger piece means the bound is wrong.
+        raise ValueError(
+            f"lmcache-ascend: a Mamba state piece of {snapshot.piece_bytes} bytes does not fit the "
+            f"{plan.chunk_bytes}-byte chunk buffer"
+        )
+    state = StateTransfer(snapshot, kv_caches)
+    plan = dataclasses.replace(plan, unrestorable_groups=plan.unrestorable_groups - frozenset(gate.groups))
+    return state, plan
+
+
+def state_record(gate: Optional[StateGate], snapshot: Optional[SnapshotLayout]) -> Optional[dict[str, Any]]:
+    """The Mamba state part of the plan record (None without Mamba groups)."""
+    if gate is None:
+        return None
+    out: dict[str, Any] = {
+        "enabled": gate.enabled,
+        "groups": list(gate.groups),
+        "block_size": gate.block_size,
+        "reason": gate.reason,
+        "setting": gate.setting,
+    }
+    if snapshot is not None:
+        out.update(
+            snapshot_bytes=snapshot.snapshot_bytes,
+            pieces=snapshot.pieces,
+            piece_bytes=snapshot.piece_bytes,
+            fingerprint=snapshot.fingerprint,
+            layer_bytes={str(g.index): g.layer_bytes for g in snapshot.groups},
+        )
+    return out
+
+
+def state_text(gate: Optional[StateGate], snapshot: Optional[SnapshotLayout]) -> str:
+    if gate is None:
+        return ""
+    if not gate.enabled:
+        return (
+            f"Mamba/GDN state groups {list(gate.groups)}: hits refused: {gate.reason}; {gate.setting}"
+        )
+    assert snapshot is not None
+    return (
+        f"Mamba/GDN state groups {list(gate.groups)} (align mode, block {gate.block_size} tokens): "
+        f"state bytes per chunk boundary {snapshot.snapshot_bytes} ({snapshot.describe()}); a hit ends "
+        f"at a boundary with stored state"
+    )
+
+
+def plan_text(groups: tuple[SchedulerGroup, ...], plan: Any, gate: Optional[StateGate] = None,
+              snapshot: Optional[SnapshotLayout] = None) -> str:
     """vLLM's KV cache groups as the connector read them, then the plan."""
     lines = ["scheduler groups (vLLM KV cache groups):"]
     for g in groups:
@@ -165,7 +283,8 @@ def plan_text(groups: tuple[SchedulerGroup, ...], plan: Any) -> str:
             f"compress ratio {g.compress_ratio}, sliding window {g.sliding_window or '-'}, "
             f"{len(g.layer_names)} layer(s)"
         )
-    return "\n".join(lines) + "\n" + str(plan.describe())
+    state = state_text(gate, snapshot)
+    return "\n".join(lines) + "\n" + str(plan.describe()) + ("\n" + state if state else "")
 
 
 def log_copy_threads(transfer: Any) -> Optional[int]:

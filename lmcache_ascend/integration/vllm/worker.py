@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
 from lmcache_ascend.integration.vllm.stats import WorkerCounters
-from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StepTransfers
+from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StateLoad, StepTransfers
 from lmcache_ascend.lmcache_bridge.chunk_io import TransferContext
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
@@ -30,6 +30,8 @@ class RequestRecord:
     stored_tokens: int = 0
     seconds: float = 0.0
     load_error: bool = False
+    state_loaded: int = 0  # position of the Mamba state loaded (0: none)
+    state_stored: list[int] = field(default_factory=list)  # positions stored
 
 
 def mask_prefix_blocks(
@@ -83,8 +85,11 @@ class WorkerHalf:
         transfer: Any,
         plan: Any,
         agreement: Optional[HalfAgreement] = None,
+        state: Any = None,
     ) -> None:
+        """``state``: a ``StateTransfer`` when Mamba state hits are on."""
         self.groups = tuple(groups)
+        self.state = state
         self.chunk_size = chunk_size
         self.engine = engine
         self.transfer = transfer
@@ -138,27 +143,46 @@ class WorkerHalf:
     def _load_one(self, req: RequestTransfer) -> None:
         assert req.load is not None
         spec = req.load
+        lookup_id = spec.lookup_id or req.req_id
         skip_aligned = spec.skip_tokens - spec.skip_tokens % self.chunk_size
         n = spec.hit_tokens - skip_aligned
         if n <= 0:
-            self.engine.unpin(req.req_id)
+            self.engine.unpin(lookup_id)
             return
-        tokens = torch.tensor(req.token_ids[: spec.hit_tokens], dtype=torch.long)
-        mask = torch.ones(spec.hit_tokens, dtype=torch.bool)
+        if spec.state is not None and self.state is None:
+            raise RuntimeError(
+                f"request {req.req_id}: the scheduler planned a Mamba state load but this worker "
+                "has no state transfer (the halves disagree)"
+            )
+        state = _StatePieces(spec.hit_tokens, self.state, load=spec.state) if spec.state is not None else None
+        ids = list(req.token_ids[: spec.hit_tokens]) + (list(self.state.layout.marks()) if state else [])
+        tokens = torch.tensor(ids, dtype=torch.long)
+        mask = torch.ones(len(ids), dtype=torch.bool)
         mask[:skip_aligned] = False
         ctx = TransferContext(
             req_id=req.req_id,
             block_ids=mask_prefix_blocks(self.groups, req.block_ids, spec.skip_tokens),
+            state=state,
         )
         t0 = time.perf_counter()
         loaded_end = skip_aligned
         try:
             ret = self.engine.retrieve(tokens, mask, ctx)
-            got = ret[skip_aligned:]
+            got = ret[skip_aligned : spec.hit_tokens]
             # Retrieved chunks form a prefix of the requested range.
             loaded_end = skip_aligned + (int(got.long().cumprod(0).sum()) if got.numel() else 0)
             if ctx.outcome.failed_from is not None:
                 loaded_end = min(loaded_end, ctx.outcome.failed_from)
+            if state is not None and ctx.outcome.state_pieces < self.state.layout.pieces:
+                # The KV alone resumes from a wrong state: nothing counts.
+                logger.warning(
+                    "lmcache-ascend: request %s: Mamba state at %d not loaded (%d of %d pieces)",
+                    req.req_id,
+                    spec.hit_tokens,
+                    ctx.outcome.state_pieces,
+                    self.state.layout.pieces,
+                )
+                loaded_end = skip_aligned
         except Exception:  # noqa: BLE001 - a failed load must cost speed only
             logger.exception(
                 "lmcache-ascend: load of request %s failed; vLLM will recompute "
@@ -167,11 +191,12 @@ class WorkerHalf:
                 spec.skip_tokens,
                 spec.hit_tokens,
             )
+            loaded_end = skip_aligned if state is not None else loaded_end
         finally:
             try:
-                self.engine.unpin(req.req_id)
+                self.engine.unpin(lookup_id)
             except Exception:  # noqa: BLE001
-                logger.exception("lmcache-ascend: unpinning %s failed", req.req_id)
+                logger.exception("lmcache-ascend: unpinning %s failed", lookup_id)
         dt = time.perf_counter() - t0
         self.stats.checksum_failures += ctx.outcome.checksum_failures
         self.stats.failed_chunk_loads += ctx.outcome.load_failures
@@ -184,10 +209,15 @@ class WorkerHalf:
         rec.hit_tokens, rec.vllm_tokens = spec.hit_tokens, spec.skip_tokens
         rec.loaded_tokens += loaded
         rec.seconds += dt
+        if state is not None and loaded_end >= spec.hit_tokens:
+            rec.state_loaded = spec.hit_tokens
+            self.stats.loaded_bytes += self.state.snapshot_bytes
         if loaded_end < spec.hit_tokens:
             bad = blocks_for_range(
                 self.groups, req.block_ids, max(loaded_end, spec.skip_tokens), spec.hit_tokens
             )
+            if spec.state is not None:
+                bad |= {b for _, b in spec.state.hit_blocks + spec.state.running_blocks if b != NULL_BLOCK_ID}
             self._load_errors |= bad
             self.stats.load_errors += 1
             rec.load_error = True
@@ -220,6 +250,43 @@ class WorkerHalf:
         for req in step.requests:
             if req.store is not None:
                 self._store_one(req)
+            if req.state_store is not None and self.state is not None:
+                self._store_state(req)
+
+    def _store_state(self, req: RequestTransfer) -> None:
+        """The Mamba state this step left at ``state_store.position``, keyed
+        by ``tokens[:position] + marks`` (after the request's KV chunks, so a
+        lookup finds both or neither)."""
+        assert req.state_store is not None
+        pos = req.state_store.position
+        ids = list(req.token_ids[:pos]) + list(self.state.layout.marks())
+        mask = torch.ones(len(ids), dtype=torch.bool)
+        mask[:pos] = False
+        # A req_id of its own keeps LMCache's per-request store lines (tools
+        # count a request's stored tokens from them) about KV chunks only.
+        ctx = TransferContext(
+            req_id=f"state:{req.req_id}",
+            block_ids=req.block_ids,
+            state=_StatePieces(pos, self.state, store=req.state_store.blocks),
+        )
+        t0 = time.perf_counter()
+        try:
+            self.engine.store(torch.tensor(ids, dtype=torch.long), mask, ctx)
+        except Exception:  # noqa: BLE001 - a failed store loses no request
+            self.stats.store_failures += 1
+            logger.exception(
+                "lmcache-ascend: storing the Mamba state of request %s at %d failed; the request "
+                "continues without it",
+                req.req_id,
+                pos,
+            )
+            return
+        dt = time.perf_counter() - t0
+        self.stats.stored_bytes += self.state.snapshot_bytes
+        self.stats.store_seconds += dt
+        rec = self._record(req.req_id)
+        rec.state_stored.append(pos)
+        rec.seconds += dt
 
     def _complete_runs(self, req: RequestTransfer) -> list[tuple[int, int]]:
         """Contiguous runs of chunks whose every stored group has real blocks."""
@@ -288,6 +355,11 @@ class WorkerHalf:
     # ---- lifecycle -------------------------------------------------------
 
     def release(self, step: StepTransfers) -> None:
+        for lookup_id in step.unpin_lookup_ids:
+            try:
+                self.engine.unpin(lookup_id)
+            except Exception:  # noqa: BLE001
+                logger.exception("lmcache-ascend: unpinning %s failed", lookup_id)
         for req_id in step.finished_req_ids:
             try:
                 self.engine.unpin(req_id)
@@ -297,7 +369,7 @@ class WorkerHalf:
             if rec is not None:
                 logger.info(
                     "lmcache-ascend: request %s: hit %d tokens (vLLM had %d), loaded %d "
-                    "tokens [%s]%s, stored %d tokens [%s], %.4f s in transfers",
+                    "tokens [%s]%s, stored %d tokens [%s], %.4f s in transfers%s",
                     req_id,
                     rec.hit_tokens,
                     rec.vllm_tokens,
@@ -307,4 +379,33 @@ class WorkerHalf:
                     rec.stored_tokens,
                     self._per_group(rec.stored_tokens),
                     rec.seconds,
+                    _state_summary(rec, self.state),
                 )
+
+
+def _state_summary(rec: RequestRecord, state: Any) -> str:
+    if state is None:
+        return ""
+    loaded = f"at {rec.state_loaded}" if rec.state_loaded else "none"
+    return (
+        f"; Mamba state ({state.snapshot_bytes} bytes each): loaded {loaded}, "
+        f"stored at {rec.state_stored or 'none'}"
+    )
+
+
+class _StatePieces:
+    """The Mamba state snapshot after a request's KV chunks in one LMCache
+    call (``chunk_io.StatePieces``): gathered from ``store`` blocks, or
+    scattered into the hit and running blocks of ``load``."""
+
+    def __init__(self, position: int, transfer: Any, store=None, load: Optional[StateLoad] = None) -> None:
+        self.position = position
+        self._transfer = transfer
+        self._store = dict(store or ())
+        self._targets = (dict(load.hit_blocks), dict(load.running_blocks)) if load is not None else ()
+
+    def store_piece(self, buf: torch.Tensor, piece: int) -> None:
+        self._transfer.gather(buf, piece, self._store)
+
+    def load_piece(self, buf: torch.Tensor, piece: int) -> None:
+        self._transfer.scatter(buf, piece, self._targets)
