@@ -168,7 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--models", default="llama,gemma3")
     ap.add_argument("--kv", default="pressure,fit", help="KV settings: pressure, fit")
     ap.add_argument("--connectors", default="none,ascend,lmcache",
-                    help="none (required: the reference), ascend, lmcache (single-group models)")
+                    help="none (required: the reference), ascend, lmcache (single-group models); "
+                         "run in this order within each model and KV setting")
     ap.add_argument("--users", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight")
@@ -262,8 +263,20 @@ def main(argv: list[str]) -> int:
         f"{wl.working_set()} tokens, last prompt + answer {wl.max_context()} tokens")
     t_start = time.time()
     runs: list[dict] = []
+    equality: list[dict] = []
     skipped: list[str] = []
+    failed: list[str] = []
     from lmcache_ascend.cli.tiny_models import build_tiny_model
+
+    def snapshot() -> dict:
+        """The run so far, JSON-ready (written after every configuration)."""
+        return {"machine": mach, "code": code, "workload": asdict(wl),
+                "max_context": wl.max_context(), "working_set_tokens": wl.working_set(),
+                "chunk_size": args.chunk_size, "lmcache_gb": args.lmcache_gb,
+                "logprob_tol": args.logprob_tol, "quick": args.quick,
+                "models": {n: asdict(specs[n]) for n in names}, "runs": [slim(r) for r in runs],
+                "ratios": ratios(runs), "equality": equality, "skipped": skipped,
+                "failed": failed, "total_s": time.time() - t_start}
 
     for name in names:
         path = str(build_tiny_model(specs[name], cache_dir=args.model_cache))
@@ -277,56 +290,59 @@ def main(argv: list[str]) -> int:
                     skipped.append(tag)
                     log(f"[{tag}] skipped: --deadline {args.deadline:.0f} s reached")
                     continue
-                runs.append(run_one(name, path, specs[name], kv, conn, wl, args, workdir, log))
-                f = runs[-1]["figures"]
+                try:
+                    run = run_one(name, path, specs[name], kv, conn, wl, args, workdir, log)
+                except (RuntimeError, OSError, TimeoutError) as e:
+                    failed.append(f"{tag}: {str(e).splitlines()[0]}")
+                    log(f"[{tag}] FAILED: {e}")
+                    continue
+                runs.append(run)
+                f = run["figures"]
                 log(f"[{tag}] TTFT mean {f['ttft_mean_s']:.3f} s, {f['output_tok_s']:.2f} "
                     f"output tok/s, vLLM hit rate {f['vllm_prefix_hit_rate']:.3f}, LMCache hit "
                     f"{f['lmcache_hit_tokens']:.0f} tokens ({time.time() - t_start:.0f} s so far)")
-    equality = []
-    for r in runs:
-        ref = lookup(runs, r["model"], r["kv"], "none")
-        if r["connector"] != "none" and ref is not None:
-            equality.append({"model": r["model"], "kv": r["kv"], "connector": r["connector"],
-                             "result": compare(r["records"], ref["records"], args.logprob_tol)})
-    for name in names:  # vLLM alone: eviction must not change outputs either
-        p = lookup(runs, name, "pressure", "none")
-        f = lookup(runs, name, "fit", "none")
-        if p and f:
+                if args.json:
+                    args.json.write_text(json.dumps(snapshot(), indent=1, default=str))
+        for r in runs:  # any order of --connectors: compared once the model is done
+            ref = lookup(runs, name, r["kv"], "none")
+            if r["model"] == name and r["connector"] != "none" and ref is not None:
+                equality.append({"model": name, "kv": r["kv"], "connector": r["connector"],
+                                 "result": compare(r["records"], ref["records"], args.logprob_tol)})
+        p, f = lookup(runs, name, "pressure", "none"), lookup(runs, name, "fit", "none")
+        if p and f:  # vLLM alone: eviction must not change outputs either
             equality.append({"model": name, "kv": "pressure vs fit", "connector": "none",
                              "result": compare(p["records"], f["records"], args.logprob_tol)})
-    for r in runs:  # JSON stays small: no token ids, logprobs or per-token gaps
-        for rec in r["records"]:
-            itls = rec.pop("itls")
-            rec["itl_mean_s"] = sum(itls) / len(itls) if itls else math.nan
-            del rec["tokens"], rec["logprobs"]
-    data = {"machine": mach, "code": code, "workload": asdict(wl),
-            "max_context": wl.max_context(), "working_set_tokens": wl.working_set(),
-            "chunk_size": args.chunk_size, "lmcache_gb": args.lmcache_gb,
-            "logprob_tol": args.logprob_tol, "quick": args.quick,
-            "models": {n: asdict(specs[n]) for n in names}, "runs": runs,
-            "ratios": ratios(runs), "equality": equality, "skipped": skipped,
-            "total_s": time.time() - t_start}
+    data = snapshot()
     print()
     print_report(data)
-    if skipped:
-        print(f"\nskipped (deadline): {', '.join(skipped)}")
     print(f"\ntotal {data['total_s']:.0f} s")
     if args.json:
         args.json.write_text(json.dumps(data, indent=1, default=str))
         log(f"figures written to {args.json}")
-    if args.plot:
+    if args.plot and data["runs"]:
         plot(data, args.plot, log)
     if tmp is not None:
         tmp.cleanup()
     if args.check:
-        bad = check(data)
+        bad = check(data) + [f"failed: {x}" for x in failed]
         for b in bad:
             print(f"CHECK FAILED: {b}")
         if bad:
             return 1
         print("checks passed: every request equal to vLLM alone, connector hits under pressure, "
               "vLLM alone evicts under pressure, every figure present")
-    return 0
+    return 1 if failed else 0
+
+
+def slim(run: dict) -> dict:
+    """A run without token ids, logprobs and per-token gaps (JSON stays small)."""
+    out = dict(run)
+    out["records"] = []
+    for rec in run["records"]:
+        r = {k: v for k, v in rec.items() if k not in ("tokens", "logprobs", "itls")}
+        r["itl_mean_s"] = sum(rec["itls"]) / len(rec["itls"]) if rec["itls"] else math.nan
+        out["records"].append(r)
+    return out
 
 
 if __name__ == "__main__":
