@@ -169,6 +169,10 @@ def print_report(data: dict, out: Callable[[str], None] = print) -> None:
         out(f"* {e['model']} {e['kv']} {e['connector']}: {c['equal']}/{c['compared']} equal, "
             f"max |logprob diff| {c['max_abs_logprob_diff']:.2g}"
             + (f"; {'; '.join(c['differences'])}" if c["differences"] else ""))
+    if data.get("skipped"):
+        out(f"\nskipped (--deadline): {', '.join(data['skipped'])}")
+    for x in data.get("failed", []):
+        out(f"FAILED: {x}")
 
 
 def plot(data: dict, path: Path, log: Callable[[str], None]) -> bool:
