@@ -76,7 +76,10 @@ def gemma3():
     return _vllm_groups(swa, swa, swa, swa, swa, FullAttentionSpec(block_size=128, **ATTN))
 
 
-def dsv4_5():
+# Synthetic multi-group tables for the scheduler's generic logic: mixed block
+# sizes, compress ratios, windows and state groups. They describe no release
+# (the real vLLM-Ascend DeepSeek-V4 structure is in test_scheduler_dsv4.py).
+def mixed_5():
     return _groups(
         (FULL, 256, 4, None),  # compressed attention
         (SLIDING, 64, 1, 128),  # SWA
@@ -86,7 +89,7 @@ def dsv4_5():
     )
 
 
-def dsv4_11():
+def mixed_11():
     return _groups(
         (FULL, 128, 4, None),
         (SLIDING, 128, 1, 128),
@@ -102,7 +105,7 @@ def dsv4_11():
     )
 
 
-LAYOUTS = {"llama": llama, "gemma3": gemma3, "dsv4_5": dsv4_5, "dsv4_11": dsv4_11}
+LAYOUTS = {"llama": llama, "gemma3": gemma3, "mixed_5": mixed_5, "mixed_11": mixed_11}
 
 
 # ---- the fake lookup and the engine ------------------------------------------------
@@ -322,7 +325,7 @@ def test_hit_below_num_computed_returns_zero(local, hit, expect):
 
 
 def test_hit_blockers_refuse_every_hit_without_looking_up():
-    groups = dsv4_11()
+    groups = mixed_11()
     blockers = tuple(g for g in groups if g.kind is STATE)
     eng = Engine(groups, blockers=blockers)
     eng.cache.override = 10**6  # a lookup would hit everything
@@ -462,7 +465,7 @@ def test_store_never_passes_the_known_tokens():
 
 
 def test_shared_prefix_then_diverging():
-    eng = Engine(dsv4_5())
+    eng = Engine(mixed_5())
     base = prompt(600)
     eng.add("a", base)
     eng.admit("a")
@@ -530,7 +533,7 @@ def test_request_never_looked_up_is_ignored():
 # ---- per-group block tracking -------------------------------------------------------------
 
 
-@pytest.mark.parametrize("layout", ["dsv4_5", "dsv4_11"])
+@pytest.mark.parametrize("layout", ["mixed_5", "mixed_11"])
 def test_per_group_blocks_append_with_none_entries(layout):
     eng = Engine(LAYOUTS[layout]())
     eng.add("r", prompt(900))
@@ -549,7 +552,7 @@ def test_per_group_blocks_append_with_none_entries(layout):
 
 
 def test_preempted_request_drops_blocks_and_resumed_replaces_them():
-    eng = Engine(dsv4_5())
+    eng = Engine(mixed_5())
     toks = prompt(1000)
     eng.add("r", toks)
     eng.admit("r")
