@@ -23,7 +23,7 @@ PIP_BUILD := -m pip install -q --no-build-isolation --no-deps -e .
 # What the compatibility stacks run.
 COMPAT_TESTS := -m "not engine or compat" tests
 
-.PHONY: all venv build test test-primary test-compat test-stack test-unit \
+.PHONY: all venv build test test-primary test-compat test-stack prepare-stack test-unit \
         test-integration demo bench clean system-deps stacks
 
 all: build
@@ -44,9 +44,17 @@ $(BUILD_STAMP): $(NATIVE_SRC) | venv
 build: venv $(BUILD_STAMP)
 
 # Every stack, even when one fails; the exit status says whether all passed.
+# The compatibility stacks are installed and built in the background (one
+# compile job) while the primary suite runs: downloads and unpacking overlap
+# the tests instead of adding to them.
 test: system-deps build
-	@failed=""; \
+	@mkdir -p build/stacks; \
+	( for s in $(COMPAT_STACKS); do \
+	    $(MAKE) --no-print-directory prepare-stack STACK=$$s CMAKE_BUILD_PARALLEL_LEVEL=1 || exit 1; \
+	  done ) > build/stacks/prepare.log 2>&1 & prep=$$!; \
+	failed=""; \
 	$(MAKE) --no-print-directory test-primary || failed="$$failed $(PRIMARY_STACK)"; \
+	wait $$prep || { echo "[test] preparing the compatibility stacks failed:"; tail -n 40 build/stacks/prepare.log; }; \
 	for s in $(COMPAT_STACKS); do \
 	  $(MAKE) --no-print-directory test-stack STACK=$$s || failed="$$failed $$s"; \
 	done; \
@@ -62,13 +70,18 @@ test-compat: system-deps
 	  $(MAKE) --no-print-directory test-stack STACK=$$s || failed="$$failed $$s"; \
 	done; if [ -n "$$failed" ]; then echo "[test] FAILED on:$$failed"; exit 1; fi
 
-# One compatibility stack: STACK=vllm-0.23 (its tree copy, venv and build).
-test-stack: system-deps
-	@test -n "$(STACK)" || { echo "usage: make test-stack STACK=<name>"; exit 2; }
-	@echo "[test] stack $(STACK): unit, kernel and compat engine tests"
+# One compatibility stack, STACK=vllm-0.23: install it (once per machine),
+# copy the tree to build/stacks/<stack>/src and build it there (incremental).
+prepare-stack:
+	@test -n "$(STACK)" || { echo "usage: make prepare-stack STACK=<name>"; exit 2; }
 	$(STACKS) sync build/stacks/$(STACK)/src
 	@$(STACKS) overlay $(STACK) build/stacks/$(STACK)/venv >/dev/null
 	cd build/stacks/$(STACK)/src && $(BUILD_ENV) ../venv/bin/python $(PIP_BUILD) 2>&1 | tail -n 20; test $${PIPESTATUS[0]} -eq 0
+
+test-stack: system-deps
+	@test -n "$(STACK)" || { echo "usage: make test-stack STACK=<name>"; exit 2; }
+	@echo "[test] stack $(STACK): unit, kernel and compat engine tests"
+	@$(MAKE) --no-print-directory prepare-stack STACK=$(STACK)
 	cd build/stacks/$(STACK)/src && ../venv/bin/python -m pytest -q $(COMPAT_TESTS)
 
 stacks:
