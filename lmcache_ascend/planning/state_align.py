@@ -1,7 +1,7 @@
 """Exact prefix hits for Mamba / GDN hybrids under vLLM's "align" cache mode.
 
 What vLLM does in align mode (0.23, 0.26, 0.32; read in their source and
-run on 0.26 and 0.32, see docs/architecture.md "Mamba / GDN state"):
+run on 0.26 and 0.32: tests/integration/test_mamba_hits.py):
 
 * A Mamba group has the attention block size B. The model keeps one
   *running* state block per request, at block index ``cdiv(end, B) - 1``;
@@ -94,6 +94,13 @@ class StateAlignFacts:
     # (vLLM 0.23's CPU backend has no replacement for the Triton copy align
     # mode runs), or None.
     state_copy_missing: Optional[str]
+    # vLLM's scheduler can keep blocks free when it admits a request (its
+    # ``watermark``, 0.26+). A synchronous external hit makes vLLM take one
+    # block per Mamba group that its admission check does not count (the
+    # "hit" block, MambaManager.get_num_blocks_to_allocate caps new blocks at
+    # the running one): without that headroom a full KV cache stops vLLM
+    # ("Cannot get 1 free blocks from the pool").
+    admission_headroom: bool = True
 
 
 @dataclass(frozen=True)
@@ -134,6 +141,12 @@ def decide(
 
     if facts.state_copy_missing:
         return refuse(facts.state_copy_missing, "use vLLM >= 0.26 (vLLM-Ascend 0.26.0rc1) on this platform")
+    if not facts.admission_headroom:
+        return refuse(
+            "this vLLM's scheduler admits an external hit without counting the Mamba blocks it "
+            "takes and cannot keep blocks free for them (no scheduler watermark)",
+            "use vLLM >= 0.26 (vLLM-Ascend 0.26.0rc1)",
+        )
     modes = sorted({m.mode for m in facts.mamba})
     if modes != ["align"]:
         mode = "/".join(modes)

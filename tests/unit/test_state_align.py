@@ -269,3 +269,9 @@ def test_null_block_and_mismatched_tensors_are_refused():
         StateTransfer(layout, short)
     with pytest.raises(StateLayoutError, match="was not registered"):
         StateTransfer(layout, {k: v for k, v in kv.items() if "layers.2" not in k})
+
+
+def test_gate_refuses_without_admission_headroom():
+    facts, groups = qwen3_next(admission_headroom=False)
+    gate = decide(facts, groups, B)
+    assert not gate.enabled and "watermark" in gate.reason and "vLLM >= 0.26" in gate.setting

@@ -435,5 +435,40 @@ def state_align_facts(vllm_config: Any, kv_cache_config: KVCacheConfig):
         prefix_match_unit=getattr(cache, "prefix_match_unit", None),
         hash_block_size=int(hash_block) if hash_block else None,
         state_copy_missing=_state_copy_missing() if mamba else None,
+        admission_headroom=hasattr(vllm_config.scheduler_config, "watermark"),
+    )
+
+
+def keep_admission_blocks_free(vllm_config: Any, kv_cache_config: KVCacheConfig, blocks: int) -> None:
+    """Make vLLM's scheduler keep ``blocks`` KV blocks free when it admits a
+    request while others run (its ``watermark``, a fraction of all blocks).
+
+    A synchronous external hit on a Mamba group in align mode takes one block
+    per group that vLLM's admission check does not count (the "hit" block:
+    MambaManager.get_num_blocks_to_allocate caps a first prefill at the
+    running block; 0.26 and 0.32 alike); with the KV cache full, vLLM then
+    stops with "Cannot get 1 free blocks from the pool". The scheduler builds
+    its KV cache manager, which reads the watermark, after this connector."""
+    sched = vllm_config.scheduler_config
+    total = int(kv_cache_config.num_blocks)
+    if blocks <= 0 or total <= 0:
+        return
+    current = float(getattr(sched, "watermark", 0.0) or 0.0)
+    if int(current * total) >= blocks:
+        return
+    needed = (blocks + 0.5) / total
+    if needed >= 1.0:
+        raise ValueError(
+            f"lmcache-ascend: vLLM's KV cache has {total} blocks; Mamba state hits need {blocks} of "
+            "them kept free at admission"
+        )
+    sched.watermark = needed
+    logger.info(
+        "lmcache-ascend: scheduler watermark %.6f -> %.6f (%d of %d KV blocks kept free at "
+        "admission: a Mamba state hit takes one block per state group that vLLM does not count)",
+        current,
+        needed,
+        blocks,
+        total,
     )
 

@@ -150,6 +150,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
     if setup.snapshot is not None and setup.state_gate is not None:
         gate = setup.state_gate
         state = StateHits(gate.groups, gate.block_size, setup.snapshot.marks())
+        vllm_layout.keep_admission_blocks_free(vllm_config, kv_cache_config, len(gate.groups))
         logger.info(
             "lmcache-ascend: Mamba/GDN state hits on (vLLM align mode, block %d tokens): state "
             "group(s) %s, %s",
