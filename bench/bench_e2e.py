@@ -1,8 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """End-to-end time to first token on a real vLLM engine (CPU), one run.
 
-For a random-weight Llama-like model and a Gemma-3-like hybrid (5:1
-sliding/full) model, at each prompt length (2k, 4k, 8k tokens by default),
+For a random-weight Llama-like model, a Gemma-3-like hybrid (5:1
+sliding/full) model and, with ``--models qwen3_next``, a Qwen3-Next-like
+hybrid (Gated DeltaNet + full attention, Mamba state restored in vLLM's
+align mode; see bench/e2e_state.py for what differs: prompt lengths of
+k * B + 64 tokens, B read from the connector's plan), at each prompt length
+(2k, 4k, 8k tokens by default),
 with ``max_tokens=1`` and the median over ``--rounds`` x ``--repeats``
 requests:
 
@@ -83,6 +87,7 @@ from e2e_logs import (  # noqa: E402
 )
 from e2e_profile import PhaseProfiler, print_profiles  # noqa: E402
 from e2e_report import Row, print_report  # noqa: E402
+import e2e_state  # noqa: E402
 
 PHASE_MARK = "BENCH_E2E_PHASE"
 RESERVED_CPUS = 0  # --reserved-cpus
@@ -112,10 +117,14 @@ def model_specs() -> dict[str, Any]:
         "llama": TinyModelSpec("llama", **common),
         # Gemma-3 text: 5 sliding (window 1024) : 1 full layer -> 6 KV groups.
         "gemma3": TinyModelSpec("gemma3", sliding_window=1024, **common),
+        # Qwen3-Next: 9 GDN : 3 full-attention layers, MoE, bf16.
+        e2e_state.STATE_MODEL: e2e_state.spec(),
     }
 
 
 def kv_bytes_per_token(spec) -> int:
+    if spec.arch == "qwen3_next":
+        return e2e_state.kv_bytes_per_token(spec)
     return spec.num_layers * 2 * spec.num_kv_heads * spec.head_dim * 4
 
 
@@ -183,6 +192,10 @@ def scenario(model: str, spec, lengths, reps: range, connector: bool, warm: int 
     # vLLM's prefix cache keeps every prompt of a repeat (nothing evicted
     # between (c), (d) and (e)).
     kv_gib = max(1, math.ceil(2 * max(lengths) * per_tok * 2 / 2**30))
+    engine_kwargs: dict[str, Any] = {"distributed_executor_backend": "uni"} if profile else {}
+    if spec.arch == "qwen3_next":
+        kv_gib = max(kv_gib, e2e_state.min_kv_gib(spec, max(lengths)))
+        engine_kwargs.update(e2e_state.ENGINE_KWARGS)
     return Scenario(
         model=model,
         phases=phases(lengths, reps, connector, warm, profile),
@@ -195,8 +208,9 @@ def scenario(model: str, spec, lengths, reps: range, connector: bool, warm: int 
         else {},
         max_model_len=max(lengths) + 64,
         kv_cache_gib=kv_gib,
+        dtype=spec.dtype,
         # Profile: scheduler, worker and forward in one thread, one process.
-        engine_kwargs={"distributed_executor_backend": "uni"} if profile else {},
+        engine_kwargs=engine_kwargs,
         logprobs=0,
     )
 
@@ -289,18 +303,31 @@ def measure_model(name: str, spec, args, workdir: Path, log):
     the machine's load hits both settings alike."""
     from lmcache_ascend.cli.tiny_models import build_tiny_model
 
+    global CHUNK
+    chunk_before = CHUNK
     t0 = time.time()
     path = str(build_tiny_model(spec, cache_dir=args.model_cache))
     log(f"[{name}] model {Path(path).name} ready in {time.time() - t0:.1f} s")
     plan = None
+    state = None
+    lengths = args.lengths
+    if e2e_state.is_state_model(name):
+        from lmcache_ascend.cli.engine_run import Scenario
+
+        record = e2e_state.read_state_plan(path, Scenario, run_engine, workdir, args.timeout)
+        state = record["state"]
+        if not CHUNK_SET:
+            CHUNK = state["block_size"]
+        lengths = e2e_state.lengths_for(args.lengths, state["block_size"])
+        log(f"[{name}] {e2e_state.describe(state, record['plan'])}; prompt lengths {lengths}")
     walls: dict[str, list[tuple[float, float]]] = {"none": [], "ascend": []}
-    per_len: dict[int, Samples] = {n: Samples() for n in args.lengths}
+    per_len: dict[int, Samples] = {n: Samples() for n in lengths}
     for rnd in range(args.rounds):
         reps = range(rnd * args.repeats, (rnd + 1) * args.repeats)
         runs = {}
         for connector in (False, True):
             tag = f"{name}-r{rnd}-{'ascend' if connector else 'none'}"
-            sc = scenario(path, spec, args.lengths, reps, connector, args.warm_repeats)
+            sc = scenario(path, spec, lengths, reps, connector, args.warm_repeats)
             log(f"[{name}] round {rnd + 1}/{args.rounds}: engine "
                 f"{'with' if connector else 'without'} connector, {len(sc.phases)} phases, "
                 f"KV {sc.kv_cache_gib} GiB")
@@ -315,7 +342,7 @@ def measure_model(name: str, spec, args, workdir: Path, log):
         if rplan is None:
             raise RuntimeError(f"{name}: no LMCACHE_ASCEND_PLAN_JSON line in the connector log")
         plan = plan or rplan
-        for n in args.lengths:
+        for n in lengths:
             smp = per_len[n]
             for r in reps:
                 smp.add("a", base, f"cold/{n}/{r}")
@@ -326,7 +353,7 @@ def measure_model(name: str, spec, args, workdir: Path, log):
                     smp.add("d_conn", conn, f"vllm/{n}/{r}/{k}", plog)
                     smp.add("e", conn, f"boundary/{n}/{r}/{k}", plog)
     rows = []
-    for n in args.lengths:
+    for n in lengths:
         smp = per_len[n]
         if any(smp.cached["a"]) or any(smp.cached["b"]):
             raise RuntimeError(f"{name}: a cold {n}-token request found cached tokens")
@@ -335,6 +362,10 @@ def measure_model(name: str, spec, args, workdir: Path, log):
             log(f"[{name}] WARNING: no LMCache hit at {n} tokens (cached {smp.cached['c']})")
         loaded = int(med([float(p.retrieved_tokens) for p in smp.logs["c"]])) or hit
         nbytes = loaded // plan["chunk_size"] * plan["chunk_bytes"]
+        if state is not None:
+            # LMCache's retrieve also counts the state pieces' tokens.
+            loaded = hit
+            nbytes = e2e_state.bytes_loaded(plan, state, hit)
         rows.append(
             Row(
                 model=name,
@@ -357,6 +388,9 @@ def measure_model(name: str, spec, args, workdir: Path, log):
                 samples=smp.ttft,
             )
         )
+    if state is not None:
+        plan = dict(plan, state=state)
+        CHUNK = chunk_before  # the next model chunks at its own size
     return rows, plan, walls
 
 
@@ -459,14 +493,15 @@ def main(argv: list[str]) -> int:
         all_rows += rows
         info[n] = {
             "spec": asdict(specs[n]),
-            "plan": {k: plan[k] for k in ("chunk_size", "chunk_bytes", "groups")},
+            "plan": {k: plan[k] for k in ("chunk_size", "chunk_bytes", "groups", "state") if k in plan},
             "engine_wall_s": {k: [w for w, _ in v] for k, v in walls.items()},
             "engine_startup_s": {k: [st for _, st in v] for k, v in walls.items()},
         }
-        if plan["chunk_size"] != CHUNK:
+        expected = plan["state"]["block_size"] if "state" in plan and not CHUNK_SET else CHUNK
+        if plan["chunk_size"] != expected:
             raise SystemExit(
                 f"[{n}] the connector chunks at {plan['chunk_size']} tokens, the bench's "
-                f"figures assume {CHUNK}; pass --chunk-size"
+                f"figures assume {expected}; pass --chunk-size"
             )
         groups = ", ".join(
             f"g{g['group']} {g['kind']} {g['planned_bytes']} B" for g in plan["groups"]
