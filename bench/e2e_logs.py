@@ -3,7 +3,6 @@ from an engine run, a plain-copy reference and the machine description."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -14,6 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from lmcache_ascend.cli.spawn import PLAN_MARKER, plan_from_log
 
 
 # ---------------------------------------------------------- log parsing --
@@ -32,7 +33,6 @@ SUMMARY_RE = re.compile(
     r"lmcache-ascend: request (\d+)-\S*: hit (\d+) tokens \(vLLM had (\d+)\), loaded (\d+) "
     r"tokens.*?, ([\d.]+) s in transfers"
 )
-PLAN_RE = re.compile(r"LMCACHE_ASCEND_PLAN_JSON (\{.*\})")
 
 
 @dataclass
@@ -53,11 +53,11 @@ def parse_log(text: str, phase_names: list[str]):
         return per_phase.setdefault(phase_names[i], PhaseLog()) if i < len(phase_names) else None
 
     for line in text.splitlines():
-        if plan is None:
-            m = PLAN_RE.search(line)
-            if m:
-                plan = json.loads(m.group(1))
-                continue
+        if plan is None and PLAN_MARKER in line:
+            # The worker's record is {text, plan, groups, agreement, state}:
+            # the figures here read its plan (chunk size, bytes, per-group sizing).
+            plan = plan_from_log(line)["plan"]
+            continue
         m = STORED_RE.search(line)
         if m and (pl := at(m.group(1))) is not None:
             pl.stored_tokens += int(m.group(2))
