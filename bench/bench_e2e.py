@@ -510,10 +510,12 @@ def main(argv: list[str]) -> int:
         log(f"[{n}] plan: chunk {plan['chunk_size']} tokens = {plan['chunk_bytes']} bytes "
             f"({groups}); engine startup median {startup:.0f} s")
     cold = args.rounds * args.repeats
+    chunks = ", ".join(f"{m} {i['plan']['chunk_size']}" for m, i in info.items())
     print(f"\nmachine: {machine()}")
     print(f"code: {code}")
     print(f"lengths {args.lengths}; medians of {cold} cold and {cold * args.warm_repeats} warm "
-          f"requests per cell ({args.rounds} round(s)); max_tokens=1; LMCache chunk {CHUNK}; "
+          f"requests per cell ({args.rounds} round(s)); max_tokens=1; LMCache chunk "
+          f"{chunks}; "
           f"VLLM_CPU_NUM_OF_RESERVED_CPU={RESERVED_CPUS}; total {time.time() - t_start:.0f} s")
     print_report(all_rows)
     if args.json:
