@@ -83,6 +83,9 @@ def state_model(tiny_model, tmp_path_factory):
             assert record is not None, log[-4000:]
             state = record["state"]
             assert state is not None and state["enabled"], state
+            # The startup plan (what `lmcache-ascend explain` prints) shows
+            # the state bytes per chunk boundary.
+            assert f"state bytes per chunk boundary {state['snapshot_bytes']}" in record["text"], record["text"]
             found[name] = StateModel(path, state["block_size"], record["plan"]["chunk_size"], state)
         return found[name]
 
