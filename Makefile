@@ -3,7 +3,8 @@
 #
 # Stacks (requirements/stacks/*.txt): the primary one runs the whole suite;
 # the compatibility stacks (the vLLM versions vLLM-Ascend releases run on)
-# run the unit and kernel suites and the engine tests marked `compat`.
+# run the unit suite and the engine tests marked `compat` (the kernel suite
+# once per torch, see COMPAT_TESTS).
 # Each stack is installed once per machine outside the clone (scripts/stacks.py);
 # the clone gets light overlay venvs: .venv for the primary stack,
 # build/stacks/<stack>/venv (with a copy of the tree in build/stacks/<stack>/src,
