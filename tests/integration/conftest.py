@@ -47,37 +47,46 @@ def run_engine(tmp_path):
     never shuts an in-process engine's connector down, and LMCache's storage
     thread would keep the process alive."""
 
-    counter = {"n": 0}
-
     def run(scenario: Scenario, extra_env: dict[str, str] | None = None):
-        counter["n"] += 1
-        sc = tmp_path / f"scenario{counter['n']}.json"
-        out = tmp_path / f"out{counter['n']}.json"
-        log = tmp_path / f"engine{counter['n']}.log"
-        sc.write_text(json.dumps(asdict(scenario)))
-        env = support_env(dict(os.environ))  # the faulty connector's module path
-        env.pop("PYTHONHASHSEED", None)
-        env.update(extra_env or {})
-        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(scenario.kv_cache_gib))
-        env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
-        # Lower-case logger names of ours go through vLLM's logging config.
-        env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
-        with open(log, "w") as lf:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "lmcache_ascend.cli.engine_run", str(sc), str(out)],
-                stdout=lf,
-                stderr=subprocess.STDOUT,
-                cwd=str(tmp_path),
-                env=env,
-            )
-            hung = wait_for_exit(proc, out, ENGINE_TIMEOUT_S, EXIT_GRACE_S)
-        text = log.read_text(errors="replace")
-        tail = "\n".join(text.splitlines()[-60:])
-        assert hung is None, f"engine run {hung}; last log lines:\n{tail}"
-        assert proc.returncode == 0, f"engine run failed (rc={proc.returncode}); last log lines:\n{tail}"
-        return [PhaseResult.from_json(r) for r in json.loads(out.read_text())], text
+        return run_engine_in(tmp_path, scenario, extra_env)
 
     return run
+
+
+def run_engine_in(work: Path, scenario: Scenario, extra_env: dict[str, str] | None = None,
+                  expect_ok: bool = True) -> tuple[list[PhaseResult], str]:
+    """The body of ``run_engine``, usable outside a function-scoped fixture:
+    files go to the first free ``scenarioN/outN/engineN`` names in ``work``.
+    With ``expect_ok=False`` a failed start is returned (no results) for the
+    caller to inspect; a hang still fails."""
+    n = 1
+    while (work / f"scenario{n}.json").exists():
+        n += 1
+    sc, out, log = work / f"scenario{n}.json", work / f"out{n}.json", work / f"engine{n}.log"
+    sc.write_text(json.dumps(asdict(scenario)))
+    env = support_env(dict(os.environ))  # the faulty connector's module path
+    env.pop("PYTHONHASHSEED", None)
+    env.update(extra_env or {})
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(scenario.kv_cache_gib))
+    env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
+    # Lower-case logger names of ours go through vLLM's logging config.
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    with open(log, "w") as lf:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "lmcache_ascend.cli.engine_run", str(sc), str(out)],
+            stdout=lf,
+            stderr=subprocess.STDOUT,
+            cwd=str(work),
+            env=env,
+        )
+        hung = wait_for_exit(proc, out, ENGINE_TIMEOUT_S, EXIT_GRACE_S)
+    text = log.read_text(errors="replace")
+    tail = "\n".join(text.splitlines()[-60:])
+    assert hung is None, f"engine run {hung}; last log lines:\n{tail}"
+    if not expect_ok:
+        return [], text
+    assert proc.returncode == 0, f"engine run failed (rc={proc.returncode}); last log lines:\n{tail}"
+    return [PhaseResult.from_json(r) for r in json.loads(out.read_text())], text
 
 
 def wait_for_exit(proc: subprocess.Popen, out: Path, timeout_s: float, grace_s: float) -> str | None:
