@@ -26,6 +26,7 @@ What is compared, and how tightly:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pytest
