@@ -150,8 +150,10 @@ def prompts(b: int) -> dict[str, list[int]]:
 VLLM_026_BATCH = vllm_features().series == (0, 26)
 
 
-@pytest.mark.compat
-@pytest.mark.parametrize("shape", SHAPES)
+# The compatibility stacks run the first shape only: the second (another B,
+# another state size) exercises the same code and took 3 minutes more on
+# vLLM 0.26, the longest stack of the CI run.
+@pytest.mark.parametrize("shape", [pytest.param(SHAPES[0], marks=pytest.mark.compat), SHAPES[1]])
 def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, shape):
     m = state_model(shape)
     b = m.block
