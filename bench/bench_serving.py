@@ -57,6 +57,7 @@ import math
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,19 @@ def record_dict(rec: Any) -> dict:
             "tokens": r.tokens, "logprobs": r.logprobs}
 
 
+def warm_up(port: int, path: str, wl: Workload, timeout: float) -> None:
+    """First-request costs, outside the figures: ``wl.concurrency`` requests
+    at once, each as long as a round-1 prompt, on tokens no user sends.
+    With a single 144-token warm-up, round 1's first two requests (the same
+    cold work in every configuration) took 2.6-4.2 s from one server to the
+    next; with this one, 2.4-2.9 s (docs/benchmarks.md)."""
+    n = wl.system_tokens + wl.history_tokens + wl.question_tokens
+    prompts = [Workload(1, 1, 1, 0, n, 0, 2, seed=wl.seed + 99 + i).history(0)
+               for i in range(wl.concurrency)]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        list(pool.map(lambda p: complete(port, path, p, 2, timeout), prompts))
+
+
 def run_one(model_name: str, path: str, spec: Any, kv: str, connector: str, wl: Workload,
             args: argparse.Namespace, workdir: Path, log, around=None) -> dict:
     """One server, warm-up, the workload. ``around(server)``, when given, is a
@@ -146,9 +160,7 @@ def run_one(model_name: str, path: str, spec: Any, kv: str, connector: str, wl: 
         log(f"{label} ready in {server.ready_s:.0f} s; vLLM KV cache {server.kv_tokens()} tokens"
             + (f" ({blocks} blocks override)" if blocks else "")
             + f"; working set {wl.working_set()} tokens")
-        # Warm-up (first-request costs), outside the figures.
-        warm = Workload(1, 1, 1, 0, BLOCK + 16, 0, 2, seed=wl.seed + 99).history(0)
-        complete(server.port, path, warm, 2, args.request_timeout)
+        warm_up(server.port, path, wl, args.request_timeout)
         before = settled_metrics(server.port, METRICS, wait_s=6)
         with around(server) if around else contextlib.nullcontext():
             res = run_workload(server.port, path, wl, args.time_limit, args.request_timeout,
