@@ -53,6 +53,13 @@ def run_engine(tmp_path):
     return run
 
 
+# LMCache CPU cache (GB) for engines the tests start: LMCache's default (5 GB)
+# takes seconds to allocate at every start (more with the compatibility stacks
+# beside it) and no test stores a tenth of 1 GB; a test that needs another
+# size sets its own.
+LMCACHE_CPU_GB = "1"
+
+
 def run_engine_in(work: Path, scenario: Scenario, extra_env: dict[str, str] | None = None,
                   expect_ok: bool = True) -> tuple[list[PhaseResult], str]:
     """The body of ``run_engine``, usable outside a function-scoped fixture:
@@ -68,10 +75,7 @@ def run_engine_in(work: Path, scenario: Scenario, extra_env: dict[str, str] | No
     env.pop("PYTHONHASHSEED", None)
     env.update(extra_env or {})
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(scenario.kv_cache_gib))
-    # LMCache's default CPU cache (5 GB) takes seconds to allocate at every
-    # start (more with the compatibility stacks beside it) and no test here
-    # stores a tenth of 1 GB; a test that needs another size sets its own.
-    env.setdefault("LMCACHE_MAX_LOCAL_CPU_SIZE", "1")
+    env.setdefault("LMCACHE_MAX_LOCAL_CPU_SIZE", LMCACHE_CPU_GB)
     env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
     # Lower-case logger names of ours go through vLLM's logging config.
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")

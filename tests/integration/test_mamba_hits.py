@@ -93,6 +93,7 @@ def run(scenario: Scenario, work, expect_ok: bool = True) -> tuple[list[PhaseRes
     module-scoped fixture)."""
     return run_engine_in(work, scenario, expect_ok=expect_ok)
 
+
 def worst(got, ref) -> float:
     assert len(got.logprobs) == len(ref.logprobs)
     return max((abs(a - b) for a, b in zip(got.logprobs, ref.logprobs)), default=0.0)

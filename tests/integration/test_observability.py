@@ -18,6 +18,8 @@ import pytest
 
 from lmcache_ascend.cli.tiny_models import token_prompt
 
+from .conftest import LMCACHE_CPU_GB
+
 pytestmark = pytest.mark.engine
 
 CHUNK = 256
@@ -55,7 +57,7 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
     model = tiny_model("gemma2")
     port = _free_port()
     log_path = tmp_path / "server.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_SERVER_DEV_MODE="1", LMCACHE_MAX_LOCAL_CPU_SIZE="1")
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_SERVER_DEV_MODE="1", LMCACHE_MAX_LOCAL_CPU_SIZE=LMCACHE_CPU_GB)
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", model, "--host", "127.0.0.1", "--port", str(port),
@@ -117,7 +119,7 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
 def test_explain_prints_groups_and_kernel_plan(tiny_model):
     model = tiny_model("gemma3")
     # Chunk 256 over 128-token pages: a 96-token window needs one page of two.
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", LMCACHE_CHUNK_SIZE="256", LMCACHE_MAX_LOCAL_CPU_SIZE="1")
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", LMCACHE_CHUNK_SIZE="256", LMCACHE_MAX_LOCAL_CPU_SIZE=LMCACHE_CPU_GB)
     out = subprocess.run(
         [sys.executable, "-m", "lmcache_ascend.cli", "explain", "--model", model,
          "--dtype", "float32", "--json"],
