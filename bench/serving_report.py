@@ -31,6 +31,7 @@ CONNECTOR_NAMES = {
     "none": "vLLM alone",
     "ascend": "LMCacheAscendConnectorV1Dynamic",
     "lmcache": "LMCacheConnectorV1 (adapter route)",
+    "noop": "a connector that does nothing (control)",
 }
 
 
@@ -101,22 +102,50 @@ def compare(got: list[dict], ref: list[dict], tol: float) -> dict[str, Any]:
 
 
 def ratios(runs: list[dict]) -> list[dict]:
-    """Connector / vLLM alone, per model and KV setting (same run of the bench)."""
-    base = {(r["model"], r["kv"]): r for r in runs if r["connector"] == "none"}
-    out = []
+    """Connector / vLLM alone, per model and KV setting (same run of the bench).
+
+    With several servers per configuration (``--repeats``) the ratio is of the
+    means over the servers; ``*_range`` is the lowest and highest ratio of one
+    repeat's connector server to the same repeat's vLLM-alone server, i.e. the
+    spread a single pair of servers shows on this machine."""
+    groups: dict[tuple, dict[int, dict]] = {}
     for r in runs:
-        b = base.get((r["model"], r["kv"]))
-        if r["connector"] == "none" or b is None:
+        groups.setdefault((r["model"], r["kv"], r["connector"]), {})[r.get("repeat", 0)] = r
+    out = []
+    for (model, kv, conn), reps in groups.items():
+        base = groups.get((model, kv, "none"))
+        if conn == "none" or not base:
             continue
-        f, fb = r["figures"], b["figures"]
-        tt = f["ttft_mean_s"] / fb["ttft_mean_s"]
-        tps = f["output_tok_s"] / fb["output_tok_s"]
-        max_tt, min_tps = GOALS[r["kv"]]
-        out.append({"model": r["model"], "kv": r["kv"], "connector": r["connector"],
+
+        def pooled(key: str, g: dict[int, dict]) -> float:
+            return mean([r["figures"][key] for r in g.values()])
+
+        tt = pooled("ttft_mean_s", reps) / pooled("ttft_mean_s", base)
+        tps = pooled("output_tok_s", reps) / pooled("output_tok_s", base)
+        pairs = [(r["figures"], base[k]["figures"]) for k, r in sorted(reps.items()) if k in base]
+        tt_pairs = [f["ttft_mean_s"] / fb["ttft_mean_s"] for f, fb in pairs]
+        tps_pairs = [f["output_tok_s"] / fb["output_tok_s"] for f, fb in pairs]
+        max_tt, min_tps = GOALS[kv]
+        out.append({"model": model, "kv": kv, "connector": conn,
+                    "servers": len(reps), "reference_servers": len(base),
                     "ttft_ratio": tt, "tok_s_ratio": tps,
+                    "ttft_ratio_range": [min(tt_pairs), max(tt_pairs)] if tt_pairs else None,
+                    "tok_s_ratio_range": [min(tps_pairs), max(tps_pairs)] if tps_pairs else None,
                     "goal_ttft": max_tt, "goal_tok_s": min_tps,
                     "ttft_goal_held": tt <= max_tt, "tok_s_goal_held": tps >= min_tps})
     return out
+
+
+def _config(r: dict) -> str:
+    rep = r.get("repeat", 0)
+    return CONNECTOR_NAMES[r["connector"]] + (f" #{rep + 1}" if rep else "")
+
+
+def _range(q: dict, key: str) -> str:
+    rng = q.get(key)
+    if not rng or q.get("servers", 1) < 2:
+        return "-"
+    return f"{rng[0]:.3f}-{rng[1]:.3f}"
 
 
 def print_report(data: dict, out: Callable[[str], None] = print) -> None:
@@ -134,7 +163,7 @@ def print_report(data: dict, out: Callable[[str], None] = print) -> None:
     out("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in data["runs"]:
         f = r["figures"]
-        out(f"| {r['model']} | {r['kv']} | {r['kv_tokens']} | {CONNECTOR_NAMES[r['connector']]} | "
+        out(f"| {r['model']} | {r['kv']} | {r['kv_tokens']} | {_config(r)} | "
             f"{f['ttft_mean_s']:.3f} / {f['ttft_p50_s']:.3f} / {f['ttft_p90_s']:.3f} | "
             f"{f['itl_mean_ms']:.1f} / {f['itl_p90_ms']:.1f} | {f['output_tok_s']:.2f} | "
             f"{f['requests_s']:.3f} | {f['vllm_prefix_hit_rate']:.3f} | "
@@ -148,17 +177,20 @@ def print_report(data: dict, out: Callable[[str], None] = print) -> None:
     out("|---|---|---|" + "---|" * nr)
     for r in data["runs"]:
         pr = r["figures"]["ttft_per_round_s"]
-        out(f"| {r['model']} | {r['kv']} | {r['connector']} | "
+        out(f"| {r['model']} | {r['kv']} | {_config(r)} | "
             + " | ".join(f"{x:.3f}" for x in pr) + " |")
     out("")
-    out("Ratios to vLLM alone (same run) and goals:")
+    out("Ratios to vLLM alone (same run; of the means over the servers when there are "
+        "several, with the range over single pairs) and goals:")
     out("")
-    out("| model | KV | configuration | mean TTFT ratio | goal | output tok/s ratio | goal |")
-    out("|---|---|---|---|---|---|---|")
+    out("| model | KV | configuration | servers | mean TTFT ratio | pairs | goal "
+        "| output tok/s ratio | pairs | goal |")
+    out("|---|---|---|---|---|---|---|---|---|---|")
     for q in data["ratios"]:
-        out(f"| {q['model']} | {q['kv']} | {q['connector']} | {q['ttft_ratio']:.3f} | "
+        out(f"| {q['model']} | {q['kv']} | {q['connector']} | {q.get('servers', 1)} | "
+            f"{q['ttft_ratio']:.3f} | {_range(q, 'ttft_ratio_range')} | "
             f"<= {q['goal_ttft']} {'held' if q['ttft_goal_held'] else 'MISSED'} | "
-            f"{q['tok_s_ratio']:.3f} | >= {q['goal_tok_s']} "
+            f"{q['tok_s_ratio']:.3f} | {_range(q, 'tok_s_ratio_range')} | >= {q['goal_tok_s']} "
             f"{'held' if q['tok_s_goal_held'] else 'MISSED'} |")
     out("")
     out(f"Output equality (every request, greedy; tokens exact, logprobs within "
@@ -166,7 +198,9 @@ def print_report(data: dict, out: Callable[[str], None] = print) -> None:
     out("")
     for e in data["equality"]:
         c = e["result"]
-        out(f"* {e['model']} {e['kv']} {e['connector']}: {c['equal']}/{c['compared']} equal, "
+        rep = e.get("repeat", 0)
+        out(f"* {e['model']} {e['kv']} {e['connector']}{f' #{rep + 1}' if rep else ''}: "
+            f"{c['equal']}/{c['compared']} equal, "
             f"max |logprob diff| {c['max_abs_logprob_diff']:.2g}"
             + (f"; {'; '.join(c['differences'])}" if c["differences"] else ""))
     if data.get("skipped"):
@@ -196,16 +230,21 @@ def plot(data: dict, path: Path, log: Callable[[str], None]) -> bool:
 
     models = list(dict.fromkeys(r["model"] for r in data["runs"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.2), squeeze=False)
-    styles = {"none": ("black", "o"), "ascend": ("tab:blue", "s"), "lmcache": ("tab:orange", "^")}
+    styles = {"none": ("black", "o"), "ascend": ("tab:blue", "s"), "lmcache": ("tab:orange", "^"),
+              "noop": ("tab:gray", "x")}
     for ax, m in zip(axes[0], models):
-        for r in data["runs"]:
-            if r["model"] != m:
-                continue
-            ys = r["figures"]["ttft_per_round_s"]
-            color, marker = styles[r["connector"]]
+        per_config: dict[tuple, list[list[float]]] = {}
+        for r in data["runs"]:  # repeats: one line, the mean over the servers
+            if r["model"] == m:
+                per_config.setdefault((r["kv"], r["connector"]), []).append(
+                    r["figures"]["ttft_per_round_s"])
+        for (kv, conn), series in per_config.items():
+            ys = [mean(list(col)) for col in zip(*series)]
+            color, marker = styles[conn]
+            n = len(series)
             ax.plot(range(1, len(ys) + 1), ys, color=color, marker=marker,
-                    linestyle="-" if r["kv"] == "pressure" else "--",
-                    label=f"{CONNECTOR_NAMES[r['connector']]}, {r['kv']}")
+                    linestyle="-" if kv == "pressure" else "--",
+                    label=f"{CONNECTOR_NAMES[conn]}, {kv}" + (f" (mean of {n})" if n > 1 else ""))
         ax.set_title(f"{m}: mean TTFT per round")
         ax.set_xlabel("round")
         ax.set_xticks(range(1, 1 + max(len(r["figures"]["ttft_per_round_s"]) for r in data["runs"])))
@@ -236,7 +275,8 @@ def check(data: dict) -> list[str]:
                 bad.append(f"{tag}: {k} = {f[k]}")
         if not math.isfinite(f["vllm_prefix_hit_rate"]):
             bad.append(f"{tag}: no vLLM prefix-cache queries in /metrics")
-        if r["connector"] != "none" and r["kv"] == "pressure" and f["lmcache_hit_tokens"] <= 0:
+        if (r["connector"] in ("ascend", "lmcache") and r["kv"] == "pressure"
+                and f["lmcache_hit_tokens"] <= 0):
             bad.append(f"{tag}: no LMCache hit tokens under pressure")
         if r["connector"] == "ascend" and f["metrics_delta"]["lmcache_ascend_load_errors"]:
             bad.append(f"{tag}: load errors")
