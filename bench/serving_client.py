@@ -77,8 +77,12 @@ class Server:
                         "kv_connector_module_path": CONNECTOR_MODULE}
             elif spec.connector == "lmcache":
                 cfg |= {"kv_connector": "LMCacheConnectorV1"}
+            elif spec.connector == "noop":  # bench/noop_connector.py: the plumbing alone
+                cfg |= {"kv_connector": "NoopConnector",
+                        "kv_connector_module_path": "noop_connector"}
             else:
-                raise ValueError(f"unknown connector {spec.connector!r}; valid: none, ascend, lmcache")
+                raise ValueError(f"unknown connector {spec.connector!r}; "
+                                 "valid: none, ascend, lmcache, noop")
             cmd += ["--kv-transfer-config", json.dumps(cfg)]
         env = dict(os.environ)
         env.update(
@@ -88,6 +92,10 @@ class Server:
             LMCACHE_MAX_LOCAL_CPU_SIZE=str(spec.lmcache_cpu_gb),
             LMCACHE_CHUNK_SIZE=str(spec.chunk_size),
         )
+        if spec.connector == "noop":
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(Path(__file__).resolve().parent)]
+                + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         self.started = time.time()
