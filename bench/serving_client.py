@@ -33,6 +33,13 @@ VOCAB_LOW, VOCAB_HIGH = 4, 512  # the tiny models' WordLevel ids without special
 ENGINE_FAILED = ("EngineCore failed to start", "Engine core initialization failed")
 
 
+def pythonpath_with(directory: Path, env: dict[str, str]) -> str:
+    """``env``'s PYTHONPATH with ``directory`` first (for a server to import
+    bench-side modules: the noop connector, the step tracer)."""
+    rest = [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []
+    return os.pathsep.join([str(directory)] + rest)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))
@@ -93,9 +100,7 @@ class Server:
             LMCACHE_CHUNK_SIZE=str(spec.chunk_size),
         )
         if spec.connector == "noop":
-            env["PYTHONPATH"] = os.pathsep.join(
-                [str(Path(__file__).resolve().parent)]
-                + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+            env["PYTHONPATH"] = pythonpath_with(Path(__file__).resolve().parent, env)
         env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
         env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         self.started = time.time()

@@ -38,6 +38,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import bench_serving as bs
+from serving_client import pythonpath_with
 
 ROOT = Path(__file__).resolve().parents[1]
 PROC_RE = re.compile(r'^process (\d+):"(.*?)"$')
@@ -125,8 +126,7 @@ def step_tracing(out: Path):
     out.mkdir(parents=True, exist_ok=True)
     saved = {k: os.environ.get(k) for k in ("LMCA_STEP_TRACE_DIR", "PYTHONPATH")}
     os.environ["LMCA_STEP_TRACE_DIR"] = str(out)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(STEP_TRACE)] + ([saved["PYTHONPATH"]] if saved["PYTHONPATH"] else []))
+    os.environ["PYTHONPATH"] = pythonpath_with(STEP_TRACE, os.environ)
     try:
         yield
     finally:

@@ -101,6 +101,10 @@ def compare(got: list[dict], ref: list[dict], tol: float) -> dict[str, Any]:
             "differences": bad[:10]}
 
 
+def _pooled(key: str, servers: dict[int, dict]) -> float:
+    return mean([r["figures"][key] for r in servers.values()])
+
+
 def ratios(runs: list[dict]) -> list[dict]:
     """Connector / vLLM alone, per model and KV setting (same run of the bench).
 
@@ -116,12 +120,8 @@ def ratios(runs: list[dict]) -> list[dict]:
         base = groups.get((model, kv, "none"))
         if conn == "none" or not base:
             continue
-
-        def pooled(key: str, g: dict[int, dict]) -> float:
-            return mean([r["figures"][key] for r in g.values()])
-
-        tt = pooled("ttft_mean_s", reps) / pooled("ttft_mean_s", base)
-        tps = pooled("output_tok_s", reps) / pooled("output_tok_s", base)
+        tt = _pooled("ttft_mean_s", reps) / _pooled("ttft_mean_s", base)
+        tps = _pooled("output_tok_s", reps) / _pooled("output_tok_s", base)
         pairs = [(r["figures"], base[k]["figures"]) for k, r in sorted(reps.items()) if k in base]
         tt_pairs = [f["ttft_mean_s"] / fb["ttft_mean_s"] for f, fb in pairs]
         tps_pairs = [f["output_tok_s"] / fb["output_tok_s"] for f, fb in pairs]
