@@ -14,8 +14,12 @@ What is compared, and how tightly:
   EXACTLY equal (tolerance 0). Both resume from the same bytes (KV pages and
   the state vLLM checkpointed, copied verbatim) through the same kernels
   with the same step boundaries (the prefill budget is B, so every step of
-  every engine ends on a block boundary) and the same thread count
-  (VLLM_CPU_NUM_OF_RESERVED_CPU pinned): any difference is a wrong byte;
+  every engine ends on a block boundary), the same batches (the engine core
+  runs in the test's process, so a batch is queued whole before its first
+  step) and the same thread count (conftest pins vLLM-CPU's reserved
+  cores). The steps both engines ran are recorded (support/sitecustomize.py)
+  and checked equal before the outputs are: any difference left is a wrong
+  byte;
 * logprobs against a cold run with other step boundaries: within the bf16
   noise measured in the same test, i.e. the largest difference between two
   engines without the connector that only differ in where vLLM cut the
@@ -36,14 +40,21 @@ from lmcache_ascend.cli.spawn import plan_from_log
 from lmcache_ascend.cli.tiny_models import token_prompt
 from lmcache_ascend.compat import vllm_features
 
-from .conftest import run_engine_in
+import sched_trace
+
+from .conftest import run_engine_in, run_reference_in
 
 SHAPES = ["qwen3_next", "qwen3_next_b"]
 # vLLM-CPU 0.26 turns prefix caching off for hybrid models by default (and
 # align mode with it), and its GDN kernel rejects a bf16 SSM state ("Input
 # tensor dtype mismatch"); 0.32 picks float32 itself on AVX512-BF16 hosts.
 ENGINE = {"enable_prefix_caching": True, "mamba_ssm_cache_dtype": "float32"}
-ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+# The engine core in the test's process (vLLM's in-process mode): a batch's
+# requests are all queued before its first step. With the engine core in
+# its own process they arrive one by one and the first step takes those
+# that arrived, so the batch shapes, and bf16 bits on AMX, follow timing
+# (seen: a connector's lookups delayed the second request by one step).
+ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 EXACT = 0.0
 
 pytestmark = [
@@ -88,10 +99,23 @@ def state_model(tiny_model, tmp_path_factory):
     return get
 
 
-def run(scenario: Scenario, work, expect_ok: bool = True) -> tuple[list[PhaseResult], str]:
+def run(scenario: Scenario, work, expect_ok: bool = True, schedule: list | None = None
+        ) -> tuple[list[PhaseResult], str]:
     """One engine in a fresh process (conftest's run_engine, usable from the
-    module-scoped fixture)."""
-    return run_engine_in(work, scenario, expect_ok=expect_ok)
+    module-scoped fixture). An engine without the connector is a reference:
+    where vLLM itself fails on this machine, the test is skipped naming
+    vLLM's error."""
+    if scenario.connector == "none":
+        return run_reference_in(work, scenario, schedule=schedule)
+    return run_engine_in(work, scenario, expect_ok=expect_ok, schedule=schedule)
+
+
+def same_steps(got: list, ref: list, what: str) -> None:
+    """Tolerance 0 holds only where both engines ran the same forward steps
+    (bf16 kernels give other bits for another batch shape or thread split,
+    on AMX more than on AVX-512): check that, rather than assume it."""
+    diff = sched_trace.first_difference(got, ref)
+    assert diff is None, f"{what}: the engines did not run the same steps, so outputs cannot be compared exactly: {diff}"
 
 
 def worst(got, ref) -> float:
@@ -160,7 +184,13 @@ def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, sha
     b = m.block
     assert m.chunk == b  # the default chunk: vLLM's block granularity
     p = prompts(b)
-    batch = [p["A"], p["X"], p["Y"], p["C"]] + ([] if VLLM_026_BATCH else [p["SHORT"]])
+    # The concurrent batch holds only prompts that hit exactly as much from
+    # LMCache as from vLLM's own cache (A and X: 3B; C and SHORT: nothing),
+    # so both engines batch the same steps. Y hits B from LMCache but
+    # nothing from vLLM's own cache (vLLM keeps the state of a prompt's last
+    # block only), which would change every step it shares with the others:
+    # it runs alone ("partial").
+    batch = [p["A"], p["X"], p["C"]] + ([] if VLLM_026_BATCH else [p["SHORT"]])
     # Budget B: every prefill step ends on a block boundary, so the
     # connector stores a state at each chunk boundary (B, 2B, 3B of A).
     kw = dict(model=m.path, dtype="bfloat16", engine_kwargs={**ENGINE, "max_num_batched_tokens": b}, env=ENV)
@@ -174,14 +204,17 @@ def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, sha
             # the state at 3B, not whatever the block held before.
             Phase("warm_local", [p["A"]], sequential=True),
             Phase("shared", [p["X"]], reset_prefix_cache=reset, sequential=True),
+            Phase("partial", [p["Y"]], reset_prefix_cache=reset, sequential=True),
             Phase("batch", batch, reset_prefix_cache=reset),
         ]
 
     # With the connector vLLM's own cache is reset before each phase, so a
     # hit can only come from LMCache; without it, the same prompts hit
-    # vLLM's own prefix cache (the reference for a hit).
-    got, log = run(Scenario(phases=phases(True), **kw), tmp_path)
-    ref, _ = run(Scenario(phases=phases(False), connector="none", **kw), tmp_path)
+    # vLLM's own prefix cache (the reference for a hit). The reference runs
+    # first: it is also the control for a failure of vLLM's own kernels.
+    steps, ref_steps = [], []
+    ref, _ = run(Scenario(phases=phases(False), connector="none", **kw), tmp_path, schedule=ref_steps)
+    got, log = run(Scenario(phases=phases(True), **kw), tmp_path, schedule=steps)
     # Cold runs cut into other steps (prefix caching off, 200-token steps):
     # the bf16 noise of where vLLM cuts a prefill.
     other = [Phase(n, [p[n]], sequential=True) for n in ("A", "X")]
@@ -206,16 +239,31 @@ def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, sha
     assert ref_cached["warm"] == [3 * b]  # ... exactly vLLM's own hit
     assert cached["warm_local"] == [3 * b]  # vLLM's own hit on the loaded block
     assert cached["shared"] == [2 * b]  # X shares A's chunks up to 2B + 100
+    assert cached["partial"] == [b]  # Y shares A up to B + 50
     # Batch: A; X (its own chunk and state at 3B were stored by its step
-    # [2B, 3B) in "shared"); Y (shares A up to B + 50); C never seen; SHORT
-    # has no whole chunk.
-    assert cached["batch"] == [3 * b, 3 * b, b, 0, 0][: len(batch)]
+    # [2B, 3B) in "shared"); C never seen; SHORT has no whole chunk. The
+    # same as vLLM's own hits, so the same steps.
+    assert cached["batch"] == [3 * b, 3 * b, 0, 0][: len(batch)]
+    assert ref_cached["batch"] == cached["batch"]
 
-    # Exact against vLLM's own hit (see the module docstring for why 0).
+    # Request numbers in submission order: cold 0, warm 1, warm_local 2,
+    # shared 3, partial 4, then the batch.
+    first = {"cold": 0, "warm": 1, "warm_local": 2, "shared": 3, "partial": 4, "batch": 5}
+    for name in ("cold", "warm", "warm_local", "batch"):
+        reqs = range(first[name], first[name] + len(g[name].completions))
+        same_steps(sched_trace.of_requests(steps, reqs), sched_trace.of_requests(ref_steps, reqs), name)
+    # Where LMCache hit more than vLLM's cache, the steps from the hit on.
+    for name, hit in (("shared", 2 * b), ("partial", b)):
+        reqs = range(first[name], first[name] + 1)
+        same_steps(sched_trace.of_requests(steps, reqs, hit), sched_trace.of_requests(ref_steps, reqs, hit), name)
+
+    # Exact against vLLM's own hit: the same bytes through the same steps
+    # (checked above) on the same threads.
     close(g["warm"], r["warm"], EXACT, "LMCache hit vs vLLM's own hit")
     close(g["warm"], g["cold"], EXACT, "LMCache hit vs cold, same step boundaries")
     close(g["warm_local"], r["warm"], EXACT, "vLLM's own hit on the block the load wrote")
     close(g["shared"], r["shared"], EXACT, "shared prefix vs no connector")
+    close(g["partial"], r["partial"], EXACT, "one-chunk prefix vs no connector")
     close(g["batch"], r["batch"], noise if VLLM_026_BATCH else EXACT, "concurrent batch vs no connector")
     # And no further from a cold run cut into other steps than vLLM's own
     # cold run is (the measured bf16 noise).
@@ -228,6 +276,7 @@ def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, sha
     assert s[0] == (0, 0, "none", f"[{b}, {2 * b}, {3 * b}]"), s[0]
     assert s[1][:3] == (3 * b, 3 * b, f"at {3 * b}"), s[1]
     assert s[3][:3] == (2 * b, 2 * b, f"at {2 * b}"), s[3]
+    assert s[4][:3] == (b, b, f"at {b}"), s[4]
     assert "hits are refused" not in log
 
 
@@ -252,7 +301,10 @@ def test_state_hits_under_preemption(state_model, tmp_path):
         Phase("batch", batch, reset_prefix_cache=True, max_tokens=8),
     ]
     kw = dict(
-        model=m.path, dtype="bfloat16", phases=phases, max_model_len=6 * b, env=ENV,
+        # The engine core in its own process: requests that arrive while
+        # others run is what makes vLLM preempt here (queued all at once, in
+        # process, the batch is admitted within the blocks and none is).
+        model=m.path, dtype="bfloat16", phases=phases, max_model_len=6 * b,
         engine_kwargs={**ENGINE, "max_num_batched_tokens": b, "num_gpu_blocks_override": 30, "max_num_seqs": 6},
     )
     got, log = run(Scenario(**kw), tmp_path)
