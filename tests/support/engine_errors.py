@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import re
 
-_PREFIX = re.compile(r"^\((?:\w+) pid=\d+\)\s*")
-_SIGNAL = re.compile(r"Fatal Python error|Segmentation fault|Aborted|Bus error|Illegal instruction|"
-                     r"Floating point exception|Killed|core dumped", re.IGNORECASE)
+_PREFIX = re.compile(r"^\(\w+ pid=\d+\) ?")  # keeps a frame line's indent
+# What a process killed by a signal leaves: Python's fault handler, or the
+# shell's word for it (anchored: log lines may mention these words).
+_SIGNAL = re.compile(r"(Fatal Python error|Segmentation fault|Aborted|Bus error|Illegal instruction|"
+                     r"Floating point exception|Killed)\b")
 TAIL_LINES = 60
 
 
@@ -29,18 +31,28 @@ def errors(text: str, limit: int = 12) -> list[str]:
     while i < len(lines) and len(out) < limit:
         line = lines[i]
         bare = _PREFIX.sub("", line)
-        if bare.startswith("Traceback (most recent call last)") or _SIGNAL.search(bare):
+        if bare.startswith("Traceback (most recent call last)"):
+            # Frames are indented; the first unindented line is the exception.
             j = i + 1
-            # A traceback's frames are indented; it ends at its first
-            # unindented line (the exception). A fault handler's stack ends
-            # at a blank line.
             while j < len(lines) and j - i < 80:
                 nxt = _PREFIX.sub("", lines[j])
-                if not nxt.strip():
-                    break
                 j += 1
-                if not nxt.startswith((" ", "\t", "File ", "Thread ", "Current thread", "Extension modules")):
+                if nxt.strip() and not nxt.startswith((" ", "\t")):
                     break
+            out.append("\n".join(lines[i:j]))
+            i = j
+            continue
+        if _SIGNAL.match(bare):
+            # Python's fault handler: the error, a blank line, then each
+            # thread's stack, a blank line after each.
+            j = i + 1
+            blanks = 0
+            while j < len(lines) and j - i < 80:
+                if not lines[j].strip():
+                    blanks += 1
+                    if blanks == 2:
+                        break
+                j += 1
             out.append("\n".join(lines[i:j]))
             i = j
             continue
