@@ -36,22 +36,36 @@ def _yaml_keys(path: str) -> Mapping[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def chunk_size_source(
+    extra: Optional[Mapping[str, Any]],
+    environ: Mapping[str, str],
+    read_config_file: Callable[[str], Mapping[str, Any]] = _yaml_keys,
+) -> Optional[str]:
+    """Where the user set ``chunk_size`` (in LMCache's order of precedence:
+    vLLM's extra config over the environment over the config file), in
+    words for an error message; None when it is not set anywhere."""
+    for key in _EXTRA_KEYS:
+        if extra and key in extra:
+            return f"kv_connector_extra_config[{key!r}]"
+    if environ.get("LMCACHE_CHUNK_SIZE", "").strip():
+        return "the environment variable LMCACHE_CHUNK_SIZE"
+    path = environ.get("LMCACHE_CONFIG_FILE", "").strip()
+    # LMCache itself reports an unreadable file; here it just counts as unset.
+    try:
+        if path and "chunk_size" in read_config_file(path):
+            return f"the LMCache config file {path} (LMCACHE_CONFIG_FILE)"
+    except OSError:
+        return None
+    return None
+
+
 def chunk_size_configured(
     extra: Optional[Mapping[str, Any]],
     environ: Mapping[str, str],
     read_config_file: Callable[[str], Mapping[str, Any]] = _yaml_keys,
 ) -> bool:
     """Did the user set ``chunk_size`` anywhere LMCache reads it from?"""
-    if extra and any(k in extra for k in _EXTRA_KEYS):
-        return True
-    if environ.get("LMCACHE_CHUNK_SIZE", "").strip():
-        return True
-    path = environ.get("LMCACHE_CONFIG_FILE", "").strip()
-    # LMCache itself reports an unreadable file; here it just counts as unset.
-    try:
-        return bool(path) and "chunk_size" in read_config_file(path)
-    except OSError:
-        return False
+    return chunk_size_source(extra, environ, read_config_file) is not None
 
 
 def default_chunk_size(

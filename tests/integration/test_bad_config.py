@@ -74,8 +74,13 @@ def cases(closed_port: int, tmp: Path) -> list[Case]:
              expect=["max_local_disk_size", "-2", "> 0"]),
         Case("negative_chunk_size_env", env={"LMCACHE_CHUNK_SIZE": "-256"},
              expect=["chunk_size", "-256", "> 0"]),
+        # A set size that cuts a block names where it was set and the size
+        # the connector would pick by itself.
         Case("chunk_size_not_block_multiple", env={"LMCACHE_CHUNK_SIZE": "100"},
-             expect=["chunk_size 100", "block_size 128"]),
+             expect=["chunk_size 100", "block_size 128", "LMCACHE_CHUNK_SIZE", "would use 128 tokens"]),
+        Case("chunk_size_not_block_multiple_extra", extra={"lmcache.chunk_size": 192},
+             expect=["chunk_size 192", "block_size 128", "kv_connector_extra_config['lmcache.chunk_size']",
+                     "would use 128 tokens"]),
         # -- roles, algorithms, backends ------------------------------------
         Case("kv_role_invalid", kv_role="kv_foo",
              expect=["kv_role", "kv_foo", "kv_both"]),

@@ -7,7 +7,12 @@ import dataclasses
 import pytest
 import torch
 
-from lmcache_ascend.planning.chunking import chunk_size_configured, default_chunk_size, finest_chunk_size
+from lmcache_ascend.planning.chunking import (
+    chunk_size_configured,
+    chunk_size_source,
+    default_chunk_size,
+    finest_chunk_size,
+)
 from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 from lmcache_ascend.planning.kv_format import LayoutHints
 from lmcache_ascend.planning.planner import build_plan
@@ -62,6 +67,21 @@ def test_explicit_chunk_size_is_detected_wherever_lmcache_reads_it(tmp_path):
     assert chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(yaml_with)})
     assert not chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(yaml_without)})
     assert not chunk_size_configured(None, {"LMCACHE_CONFIG_FILE": str(tmp_path / "missing.yaml")})
+
+
+def test_chunk_size_source_names_where_it_was_set_in_lmcaches_precedence(tmp_path):
+    """An error about a chunk size the user set names where it was set (the
+    value is often copied from an example for another block size)."""
+    yaml_with = tmp_path / "with.yaml"
+    yaml_with.write_text("chunk_size: 512\n")
+    assert chunk_size_source({}, {}) is None
+    assert chunk_size_source({"lmcache.chunk_size": 256}, {"LMCACHE_CHUNK_SIZE": "512"}) == \
+        "kv_connector_extra_config['lmcache.chunk_size']"
+    assert chunk_size_source({"chunk_size": 256}, {}) == "kv_connector_extra_config['chunk_size']"
+    assert chunk_size_source({}, {"LMCACHE_CHUNK_SIZE": "256", "LMCACHE_CONFIG_FILE": str(yaml_with)}) == \
+        "the environment variable LMCACHE_CHUNK_SIZE"
+    assert chunk_size_source(None, {"LMCACHE_CONFIG_FILE": str(yaml_with)}) == \
+        f"the LMCache config file {yaml_with} (LMCACHE_CONFIG_FILE)"
 
 
 def _cpu_pages(block_size: int) -> dict[str, torch.Tensor]:

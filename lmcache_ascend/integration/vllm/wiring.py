@@ -41,6 +41,8 @@ class ConnectorSetup:
     # it is open, the snapshot layout.
     state_gate: Optional[StateGate] = None
     snapshot: Optional[SnapshotLayout] = None
+    # Where the user set chunk_size (None: the connector chose it).
+    chunk_source: Optional[str] = None
 
 
 def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
@@ -64,7 +66,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     validate_engine_config(config, os.environ)
     groups = vllm_layout.scheduler_groups(kv_cache_config)
     enforce_engine_requirements(config, len(groups))
-    _default_chunk_size(config, groups, extra)
+    source = _default_chunk_size(config, groups, extra)
     chunk_size = int(config.chunk_size)
     if chunk_size <= 0:
         raise ValueError(f"LMCache chunk_size must be > 0, got {chunk_size}")
@@ -85,6 +87,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
         agreement=agreement,
         state_gate=gate,
         snapshot=snapshot,
+        chunk_source=source,
     )
 
 
@@ -118,15 +121,24 @@ def hit_blockers(setup: ConnectorSetup) -> tuple[tuple[SchedulerGroup, ...], Opt
     return blockers, gate.refusal() if only_mamba else None
 
 
-def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: Mapping[str, Any]) -> None:
+def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: Mapping[str, Any]) -> Optional[str]:
     """Unless the user chose one, chunk as finely as vLLM's blocks (see
-    ``planning/chunking.py``)."""
-    from lmcache_ascend.planning.chunking import chunk_size_configured, default_chunk_size
+    ``planning/chunking.py``). Returns where the user set it, or None."""
+    from lmcache_ascend.planning.chunking import chunk_size_source, default_chunk_size, finest_chunk_size
 
     current = int(config.chunk_size)
-    size, replaced = default_chunk_size(groups, chunk_size_configured(extra, os.environ), current)
+    source = chunk_size_source(extra, os.environ)
+    size, replaced = default_chunk_size(groups, source is not None, current)
+    if source is not None:
+        logger.info("lmcache-ascend: chunk_size %d tokens, as set by %s", current, source)
+        return source
     if not replaced:
-        return
+        # Also said when nothing changes, so the log always tells the size
+        # and why (a shape whose blocks are 256 tokens keeps LMCache's 256).
+        why = ("vLLM's block granularity for this model" if finest_chunk_size(groups) == current
+               else "no attention group sets a granularity")
+        logger.info("lmcache-ascend: chunk_size not set; using LMCache's default %d tokens (%s)", current, why)
+        return None
     logger.info(
         "lmcache-ascend: chunk_size not set; using %d tokens (vLLM's block granularity) "
         "instead of LMCache's default %d: a chunk must be a whole number of every "
@@ -136,6 +148,7 @@ def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: 
         current,
     )
     config.chunk_size = size
+    return None
 
 
 def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHalf:
@@ -187,7 +200,10 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
 
     setup = load_setup(vllm_config, kv_cache_config)
     hints = worker_layout_hints(kv_cache_config)
-    plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
+    try:
+        plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
+    except ValueError as e:
+        raise _with_chunk_source(e, setup) from e
     state = None
     if setup.snapshot is not None and setup.state_gate is not None:
         state, plan = _worker_state(setup, plan, kv_caches)
@@ -216,6 +232,22 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
     }
     logger.info("LMCACHE_ASCEND_PLAN_JSON %s", json.dumps(record, default=str, separators=(",", ":")))
     return half
+
+
+def _with_chunk_source(error: ValueError, setup: ConnectorSetup) -> ValueError:
+    """A plan refused for a chunk size the user set says where it was set and
+    what the connector would use on its own: the size is often copied from
+    an example written for another model or block size, and the block size
+    vLLM picks (hybrid Mamba models: per machine and shape) is not known to
+    the user beforehand. A size the connector chose is never refused (it is
+    a multiple of every block size), so other errors pass unchanged."""
+    from lmcache_ascend.planning.chunking import finest_chunk_size
+
+    if setup.chunk_source is None or "chunk_size" not in str(error):
+        return error
+    finest = finest_chunk_size(setup.groups)
+    hint = f"; left unset, the connector would use {finest} tokens here" if finest else ""
+    return ValueError(f"{error}. chunk_size {setup.chunk_size} was set by {setup.chunk_source}{hint}")
 
 
 def _worker_state(setup: ConnectorSetup, plan: Any, kv_caches: Mapping[str, Any]):
