@@ -288,7 +288,13 @@ def test_state_hits_under_preemption(state_model, tmp_path):
 
     More concurrent prefills than vLLM's KV blocks hold: a running request
     is preempted and resumed (a new lookup, a replaced block table), and
-    every output equals an engine without the connector, exactly.
+    every output equals an engine without the connector: tokens exactly,
+    logprobs within the bf16 noise measured here. The two engines cannot run
+    the same steps: which requests vLLM admits, preempts and batches follows
+    the hits (LMCache's here, vLLM's own there) and arrival times. So the
+    tolerance is the largest difference between two engines without the
+    connector that differ the same way (the batch, and the same prompts one
+    by one): 0 on some CPUs, a few 1e-4 on others (AVX-512 without BF16).
 
     Short decodes keep preemptions inside the prefills, whose recomputation
     is exact (a decode recomputed as prefill is not, in either engine)."""
@@ -304,18 +310,22 @@ def test_state_hits_under_preemption(state_model, tmp_path):
         # The engine core in its own process: requests that arrive while
         # others run is what makes vLLM preempt here (queued all at once, in
         # process, the batch is admitted within the blocks and none is).
-        model=m.path, dtype="bfloat16", phases=phases, max_model_len=6 * b,
+        model=m.path, dtype="bfloat16", max_model_len=6 * b,
         engine_kwargs={**ENGINE, "max_num_batched_tokens": b, "num_gpu_blocks_override": 30, "max_num_seqs": 6},
     )
-    got, log = run(Scenario(**kw), tmp_path)
-    ref, _ = run(Scenario(connector="none", **kw), tmp_path)
+    ref, _ = run(Scenario(connector="none", phases=phases + [Phase("alone", batch, reset_prefix_cache=True,
+                                                                   max_tokens=8, sequential=True)], **kw), tmp_path)
+    got, log = run(Scenario(phases=phases, **kw), tmp_path)
+    noise = max(worst_common(x, y) for x, y in zip(ref[1].completions, ref[2].completions))
     s = summaries(log)
     print(f"\npreemptions {got[1].preemptions}/{ref[1].preemptions}, cached "
           f"{[c.num_cached_tokens for c in got[1].completions]} / {[c.num_cached_tokens for c in ref[1].completions]}"
-          f", worker {s}")
+          f", worker {s}, noise {noise}")
     assert got[1].preemptions > 0, "no preemption happened"
-    for g, r in zip(got, ref):
-        close(g, r, EXACT, "under preemption vs no connector")
+    # The warmup is one request alone in both engines, with no hit: the
+    # same steps, so exactly equal.
+    close(got[0], ref[0], EXACT, "warmup vs no connector")
+    close(got[1], ref[1], noise, "under preemption vs no connector")
     # The shared prefix's state, stored by the warmup, is hit in the batch.
     assert [c.num_cached_tokens >= 2 * b for c in got[1].completions] == [True] * 6
     assert "hits are refused" not in log and "Cannot get" not in log
