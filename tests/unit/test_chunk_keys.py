@@ -19,14 +19,14 @@ import pytest
 
 pytest.importorskip("vllm", reason="LMCache seeds chunk hashes from vLLM")
 
-from lmcache_ascend.compat import vllm_features
 
 _PROBE = r"""
 import json, sys, torch
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.token_database import ChunkedTokenDatabase
+from lmcache_ascend.lmcache_bridge import lmcache_modules
+token_database = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE)
 cfg = LMCacheEngineConfig.from_defaults(chunk_size=16, pre_caching_hash_algorithm="sha256_cbor")
-db = ChunkedTokenDatabase(cfg, None)
+db = token_database.ChunkedTokenDatabase(cfg, None)
 if sys.argv[1] == "pinned":  # what both halves do with their engine / lookup client
     from types import SimpleNamespace
     from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
@@ -60,7 +60,12 @@ def test_unpinned_keys_show_the_hazard_the_pin_removes():
     engines of all supported vLLMs share chunks."""
     a, b = _run("lmcache"), _run("lmcache")
     pinned = _run("pinned")
-    if vllm_features().random_none_hash:
+    # vLLM >= 0.29 seeds NONE_HASH with a fixed string when PYTHONHASHSEED
+    # is unset (kv_cache_utils.DEFAULT_NONE_HASH_SEED); older ones with
+    # os.urandom per process.
+    from vllm.v1.core import kv_cache_utils
+
+    if not hasattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED"):
         assert a["init"] != b["init"] and a["keys"] != b["keys"]
     else:
         assert a == b == pinned

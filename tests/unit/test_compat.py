@@ -18,19 +18,67 @@ def _fresh(code: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("version", ["0.23.0", "0.23.1.dev3+gabc", "0.26.0", "0.32.0", "0.32.1rc1"])
+@pytest.mark.parametrize(
+    "version", ["0.23.0", "0.23.1.dev3+gabc", "0.26.0", "0.27.1", "0.28.0", "0.29.0", "0.30.0", "0.32.0", "0.32.1rc1"]
+)
 def test_supported_series_are_recognised(version):
-    assert compat.features_for(version).series[:2] == tuple(int(x) for x in version.split(".")[:2])
+    features = compat.features_for(version)
+    assert features.series[:2] == tuple(int(x) for x in version.split(".")[:2])
+    assert features.tested
 
 
-@pytest.mark.parametrize("version", ["0.18.1", "0.30.0", "1.0.0"])
-def test_other_vllm_versions_get_one_error_naming_the_supported_ones(version):
+@pytest.mark.parametrize("version", ["0.24.0", "0.31.0", "0.33.0", "1.0.0"])
+def test_untested_vllm_versions_get_one_error_naming_the_tested_ones_and_the_opt_in(version, monkeypatch):
+    monkeypatch.delenv(compat.ALLOW_UNTESTED_ENV, raising=False)
     with pytest.raises(compat.UnsupportedVersionError) as err:
         compat.features_for(version)
     text = str(err.value)
-    assert version in text
-    for series in ("0.23.x", "0.26.x", "0.32.x", "0.5.6"):
+    assert version in text and compat.ALLOW_UNTESTED_ENV + "=1" in text
+    for series in ("0.23.x", "0.26.x", "0.27.x", "0.29.x", "0.30.x", "0.32.x", "0.5.6"):
         assert series in text
+    assert ("newer than the newest" in text) == (version in ("0.33.0", "1.0.0"))
+
+
+@pytest.mark.parametrize("version", ["0.18.1", "0.22.1"])
+def test_older_vllm_is_refused_even_when_untested_versions_are_allowed(version, monkeypatch):
+    monkeypatch.setenv(compat.ALLOW_UNTESTED_ENV, "1")
+    with pytest.raises(compat.UnsupportedVersionError, match="older than the oldest"):
+        compat.features_for(version)
+
+
+@pytest.mark.parametrize("version, base", [("0.33.0", (0, 32)), ("0.31.2", (0, 30)), ("0.24.0", (0, 23))])
+def test_opted_in_untested_vllm_takes_the_nearest_older_tested_behaviour(version, base, monkeypatch, caplog):
+    monkeypatch.setenv(compat.ALLOW_UNTESTED_ENV, "yes")
+    compat._features_for.cache_clear()
+    with caplog.at_level("WARNING", logger="lmcache_ascend.compat"):
+        first = compat.features_for(version)
+        again = compat.features_for(version)
+    assert first is again and not first.tested
+    ref = compat.VLLM_SERIES[base]
+    assert (first.inproc_engine_shuts_down, first.scheduler_stats_need_worker_stats) == (
+        ref.inproc_engine_shuts_down,
+        ref.scheduler_stats_need_worker_stats,
+    )
+    warned = [r.getMessage() for r in caplog.records if version in r.getMessage()]
+    assert len(warned) == 1 and compat.ALLOW_UNTESTED_ENV in warned[0], warned
+
+
+def test_lmcache_policy(monkeypatch):
+    monkeypatch.delenv(compat.ALLOW_UNTESTED_ENV, raising=False)
+    newest = max(compat.LMCACHE_VERSIONS, key=compat.Version)
+    newer = f"{compat.Version(newest).major}.{compat.Version(newest).minor}.{compat.Version(newest).micro + 1}"
+    for version, allowed in ((newest, True), (newer, False), ("0.3.0", False), (None, False)):
+        compat._check_lmcache.cache_clear()
+        if allowed:
+            compat._check_lmcache(version, False)
+            continue
+        with pytest.raises(compat.UnsupportedVersionError) as err:
+            compat._check_lmcache(version, False)
+        assert str(version or "(not installed)") in str(err.value)
+    compat._check_lmcache.cache_clear()
+    compat._check_lmcache(newer, True)  # opted in: runs
+    with pytest.raises(compat.UnsupportedVersionError):
+        compat._check_lmcache("0.3.0", True)  # older: never
 
 
 def test_a_dev_build_of_vllm_is_told_to_set_vllm_version():
@@ -40,6 +88,7 @@ def test_a_dev_build_of_vllm_is_told_to_set_vllm_version():
 
 def test_vllm_version_override_is_honoured(monkeypatch):
     # vLLM-Ascend images build vLLM from source and name its release this way.
+    monkeypatch.delenv(compat.ALLOW_UNTESTED_ENV, raising=False)
     monkeypatch.setenv("VLLM_VERSION", "0.26.0")
     assert compat.vllm_features().series == (0, 26)
     monkeypatch.setenv("VLLM_VERSION", "0.31.0")
@@ -49,7 +98,7 @@ def test_vllm_version_override_is_honoured(monkeypatch):
 
 def test_installed_stack_is_supported():
     features = compat.require_supported()
-    assert features is compat.VLLM_SERIES[features.series]
+    assert features is compat.VLLM_SERIES[features.series] and features.ci_stack
     assert compat.installed_lmcache_version() in compat.LMCACHE_VERSIONS
 
 

@@ -14,6 +14,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 import vllm.v1.kv_cache_interface as kv_interface
 from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
@@ -34,7 +35,6 @@ from lmcache_ascend.integration.vllm.vllm_layout import (
     scheduler_groups,
     step_view,
 )
-from lmcache_ascend.compat import vllm_features
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.chunking import finest_chunk_size
 from lmcache_ascend.planning.groups import CompressorState, GroupKind
@@ -43,11 +43,11 @@ from lmcache_ascend.planning.state_skip import unrestorable_groups
 from fixtures import ascend_layouts as AL
 from fixtures import ascend_specs as A
 
-# tokens_per_state and CircularBufferSpec exist from vLLM 0.32 on; the older
+# tokens_per_state and CircularBufferSpec exist from vLLM 0.29 on; the older
 # series express compression as the MLA specs' compress_ratio (tested above).
 only_vllm_032 = pytest.mark.skipif(
-    not vllm_features().spec_reuse_attributes,
-    reason="vLLM 0.32 spec attributes (tokens_per_state, CircularBufferSpec)",
+    not hasattr(AttentionSpec, "tokens_per_state"),
+    reason="vLLM >= 0.29 spec attributes (tokens_per_state, CircularBufferSpec)",
 )
 
 ATTN = dict(num_kv_heads=2, head_size=32, dtype=torch.bfloat16)
@@ -235,6 +235,51 @@ def test_without_vllm_ascend_loaded_block_size_is_tokens_and_the_plan_refuses():
     layout = AL.dsv4("0.23.0")
     with pytest.raises(ValueError, match="rows per block"):
         build_plan(layout.build(False).kv_caches, gs, 128)
+
+
+def test_vllm_ascend_0271_and_later_specs_count_tokens_not_rows():
+    """vLLM-Ascend 0.27.1rc1 changed AscendMLAAttentionSpec's block_size to
+    tokens (vllm_ascend 0.27.1rc1 sdist, core/kv_cache_interface.py:
+    ``get_storage_block_size`` l.22-30, ``storage_block_size = block_size //
+    compress_ratio`` l.51-53; 0.29.0rc1 the same with tokens_per_state,
+    l.33-47). The module-level helper is what tells: with it the row count
+    is not multiplied again (a C4 group would otherwise read as 4x its
+    tokens per block, and 512 and 16384 are multiples of 128, so no row
+    check would catch it)."""
+    mod, worker, _ = _dsv4_configs()
+    with A.installed(mod):
+        rows = scheduler_groups(worker)
+    mod.get_storage_block_size = lambda spec: spec.block_size // getattr(spec, "compress_ratio", 1)
+    with A.installed(mod):
+        tokens = scheduler_groups(worker)
+    assert rows[0].block_size == 4 * tokens[0].block_size
+    assert tokens[0].block_size == worker.kv_cache_groups[0].kv_cache_spec.block_size
+    assert [g.compress_ratio for g in tokens] == [g.compress_ratio for g in rows]
+
+
+def _vllm_layout_enum():
+    return pytest.importorskip("vllm.v1.kv_cache_layout", reason="vLLM >= 0.29 names layouts LBNHC / LBHNC")
+
+
+def test_layout_names_of_every_vllm_series_map_to_the_per_layer_block_order():
+    """Old names pass through; vLLM >= 0.29's names map by the per-layer
+    physical order vLLM itself derives (KVCacheLayout.layer_view_order of
+    the logical [B, H, N, C]): (B, N, H, C) is NHD, (B, H, N, C) HND, and
+    layer- or block-interleaved layouts are left unnamed (refused later)."""
+    assert [vllm_layout.token_row_layout(n) for n in ("NHD", "HND", None, "")] == ["NHD", "HND", None, None]
+    layouts = _vllm_layout_enum().KVCacheLayout
+    by_order = {(0, 2, 1, 3): "NHD", (0, 1, 2, 3): "HND"}
+    for member in layouts:
+        expected = by_order.get(member.layer_view_order) if member.is_layer_compact else None
+        assert vllm_layout.token_row_layout(member.name) == expected, member
+
+
+def test_layout_facts_read_the_resolved_layout_from_vllms_config():
+    _vllm_layout_enum()
+    cfg = kv_config((["a"], FullAttentionSpec(block_size=16, **ATTN)))
+    for name, expected in (("LBNHC", "NHD"), ("LBHNC", "HND"), ("BLNHC", None)):
+        cfg.kv_cache_layout = name
+        assert layout_facts(cfg).kv_layout == expected
 
 
 def test_compressor_state_without_its_layer_keeps_the_whole_window():

@@ -64,6 +64,15 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
                 f"LMCacheAscendConnectorV1Dynamic: kv_role={kv_role!r} is not valid; "
                 f"use one of {list(_VALID_ROLES)}"
             )
+        if getattr(getattr(vllm_config, "model_config", None), "enable_sleep_mode", False):
+            # vLLM 0.33 asks supports_sleep_mode() itself; older releases do
+            # not ask, so the same answer is given here on every version.
+            raise ValueError(
+                "LMCacheAscendConnectorV1Dynamic does not support sleep mode "
+                "(enable_sleep_mode=True): the worker addresses the KV cache tensors it "
+                "registered at startup, which sleep mode frees and remaps; start vLLM "
+                "without --enable-sleep-mode"
+            )
         # kv_producer only stores, kv_consumer only loads.
         self._may_load = kv_role in ("kv_both", "kv_consumer")
         self._may_store = kv_role in ("kv_both", "kv_producer")
@@ -78,6 +87,21 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
             from lmcache_ascend.integration.vllm.wiring import build_scheduler_half
 
             self._scheduler = build_scheduler_half(vllm_config, kv_cache_config)
+
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        """vLLM >= 0.33: sleep mode frees and remaps the KV cache tensors this
+        connector's worker registered and addresses; refused (vLLM then
+        names this connector in its error), like vLLM's MooncakeStoreConnector."""
+        return False
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """vLLM >= 0.27.1 (default: True for kv_both / kv_producer): whether a
+        request preempted while its hand-off is pending must be recomputed.
+        Stores finish inside the step that issues them (wait_for_save), and
+        a dropped store is only a later miss: nothing is ever pending."""
+        return False
 
     @property
     def plan(self):

@@ -24,7 +24,6 @@ from vllm.v1.kv_cache_interface import (
     UniformTypeKVCacheSpecs,
 )
 
-from lmcache_ascend.compat import vllm_features
 from lmcache_ascend.planning.groups import CompressorState, GroupKind, SchedulerGroup
 
 logger = logging.getLogger(__name__)
@@ -40,6 +39,8 @@ logger = logging.getLogger(__name__)
 # imported here: a spec of its classes exists only once vLLM-Ascend loaded it.
 _ASCEND_SPECS_MODULE = "vllm_ascend.core.kv_cache_interface"
 _ROW_COUNTED_SPECS = ("AscendMLAAttentionSpec",)
+# Defined by vLLM-Ascend >= 0.27.1rc1, whose specs count tokens.
+_TOKEN_COUNTED_MARKER = "get_storage_block_size"
 # DeepSeek-V4 compressor state caches and the layers whose compressors use
 # them (vllm_ascend/models/deepseek_v4.py: Compressor, Indexer): the
 # attention compressor of "<x>" writes "<x>.attn", the indexer's "<x>.k_cache".
@@ -48,9 +49,10 @@ _COMPRESSED_SIBLINGS = (".attn", ".k_cache")
 
 
 def _prefix_cacheable(spec: KVCacheSpec) -> bool:
-    # vLLM 0.32 lets a spec declare that its blocks are not reusable; earlier
-    # series have no such spec (CircularBufferSpec came with the attribute).
-    return bool(spec.prefix_cacheable) if vllm_features().spec_reuse_attributes else True
+    # vLLM >= 0.29 lets a spec declare that its blocks are not reusable;
+    # earlier series have no such spec (CircularBufferSpec came with the
+    # attribute).
+    return bool(getattr(spec, "prefix_cacheable", True))
 
 
 def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
@@ -78,19 +80,28 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
 
 
 def _compress_ratio(spec: KVCacheSpec) -> int:
-    """Tokens per stored row. vLLM-Ascend's DSv4 specs and vLLM < 0.32's MLA
-    specs call it ``compress_ratio``; vLLM 0.32's attention specs
+    """Tokens per stored row. vLLM-Ascend's DSv4 specs and vLLM < 0.29's MLA
+    specs call it ``compress_ratio``; vLLM >= 0.29's attention specs
     ``tokens_per_state`` (Mamba uses -1 there and Whisper a fraction below
     1: not ratios)."""
     ratio = getattr(spec, "compress_ratio", None)
-    if ratio is None and isinstance(spec, AttentionSpec) and vllm_features().spec_reuse_attributes:
-        tps = spec.tokens_per_state
+    if ratio is None and isinstance(spec, AttentionSpec):
+        tps = getattr(spec, "tokens_per_state", 1)
         ratio = tps if isinstance(tps, int) and tps >= 1 else 1
     return int(ratio or 1)
 
 
 def _counts_rows(spec: KVCacheSpec) -> bool:
+    """Whether ``spec.block_size`` counts compressed rows, not tokens.
+
+    Only vLLM-Ascend 0.23.0/0.26.0rc1's AscendMLAAttentionSpec does. From
+    0.27.1rc1 its block_size counts tokens and the module says so with
+    ``get_storage_block_size`` (block_size // compress_ratio rows per block,
+    vllm_ascend/core/kv_cache_interface.py): multiplying by the ratio there
+    would address a C4 block as 4x its tokens."""
     module = sys.modules.get(_ASCEND_SPECS_MODULE)
+    if module is None or hasattr(module, _TOKEN_COUNTED_MARKER):
+        return False
     classes = tuple(c for c in (getattr(module, n, None) for n in _ROW_COUNTED_SPECS) if isinstance(c, type))
     return bool(classes) and isinstance(spec, classes)
 
@@ -229,16 +240,30 @@ def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
                 # One group whose layers differ in compression (vLLM's own
                 # DSv4 groups mix compress-4 and compress-128 layers).
                 ratios.update(layer_ratios)
-    return LayoutFacts(
-        kv_layout=layout if layout in ("NHD", "HND") else None,
-        layer_compress_ratio=ratios,
-    )
+    return LayoutFacts(kv_layout=token_row_layout(layout), layer_compress_ratio=ratios)
+
+
+# vLLM >= 0.29 names its layouts by the physical order of the logical axes
+# [L(ayer), B(lock), H(ead), N (token), C(ontent)] (vllm/v1/kv_cache_layout.py,
+# KVCacheLayout) and takes "NHD"/"HND" as aliases of "LBNHC"/"LBHNC"
+# (vllm/v1/attention/backends/utils.py, resolve_kv_cache_layout). A layer's
+# block is [tokens, heads, row] or [heads, tokens, row] only in those two;
+# the others interleave layers or blocks in a way a per-layer tensor of
+# whole blocks does not show, so they are left unnamed (None), which makes
+# kv_format refuse a multi-head 4-D tensor instead of guessing.
+_LAYOUT_NAMES = {"NHD": "NHD", "HND": "HND", "LBNHC": "NHD", "LBHNC": "HND"}
+
+
+def token_row_layout(name: Optional[str]) -> Optional[str]:
+    """"NHD" / "HND" for vLLM's layout name (old or new style), else None."""
+    return _LAYOUT_NAMES.get(str(name).upper()) if name else None
 
 
 def _kv_cache_layout(kv_cache_config: KVCacheConfig) -> Optional[str]:
-    """vLLM's resolved NHD/HND layout: in the KV cache config on 0.32, from
-    the attention backends' helper before."""
-    if vllm_features().spec_reuse_attributes:
+    """vLLM's resolved layout name: in the KV cache config from 0.29 (the
+    engine core resolves it once), from the attention backends' helper
+    before (``get_kv_cache_layout``, removed in 0.29)."""
+    if hasattr(kv_cache_config, "kv_cache_layout"):
         return kv_cache_config.kv_cache_layout
     from vllm.v1.attention.backends.utils import get_kv_cache_layout
 
@@ -246,11 +271,12 @@ def _kv_cache_layout(kv_cache_config: KVCacheConfig) -> Optional[str]:
 
 
 def transferable_group_ids(kv_cache_config: KVCacheConfig) -> frozenset[int]:
-    """Groups vLLM lets connectors transfer (``enable_kv_transfer``, 0.32);
-    every group before."""
-    if vllm_features().spec_reuse_attributes:
-        return frozenset(kv_cache_config.transfer_group_ids)
-    return frozenset(range(len(kv_cache_config.kv_cache_groups)))
+    """Groups vLLM lets connectors transfer (``enable_kv_transfer``, from
+    0.29); every group before."""
+    ids = getattr(kv_cache_config, "transfer_group_ids", None)
+    if ids is None:
+        return frozenset(range(len(kv_cache_config.kv_cache_groups)))
+    return frozenset(ids)
 
 
 def is_cpu_platform() -> bool:
