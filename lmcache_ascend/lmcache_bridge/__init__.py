@@ -9,7 +9,10 @@
 * ``chunk_io``: the chunk buffer and GPU-connector hook LMCache calls.
 * ``adapter_shim``: the LMCacheConnectorV1 route (LMCache's vLLM adapter).
 * ``hash_memo``, ``resources``: prefix-hash memo, bounded close.
+* ``lmcache_modules``: where the installed LMCache release keeps the modules
+  used here (0.5.7rc2 moved its in-process engine under ``lmcache.inprocess``).
 
 Importing this package imports nothing of LMCache; its modules do (except
-``hook`` and ``patches``), so only import them once LMCache is loaded.
+``hook``, ``patches`` and ``lmcache_modules``), so only import them once
+LMCache is loaded.
 """

@@ -29,13 +29,14 @@ from typing import Any, Mapping
 
 import torch
 
+from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.lmcache_bridge.chunk_io import LoadOutcome, PagedChunkConnector, TransferContext
 
 logger = logging.getLogger(__name__)
 
 ROUTE = "vLLM's LMCacheConnectorV1 (lmcache-ascend chunk path)"
 DYNAMIC = "LMCacheAscendConnectorV1Dynamic"
-# Devices LMCache 0.5.6 has vLLM GPU connectors for: left to LMCache.
+# Devices LMCache (0.5.6, 0.5.7rc2) has vLLM GPU connectors for: left to LMCache.
 NATIVE_DEVICES = frozenset({"cuda", "xpu", "musa", "hpu"})
 
 _announced = False
@@ -128,7 +129,8 @@ class AdapterChunkConnector(PagedChunkConnector):
 
 
 def patch_v1_adapter(module: Any) -> None:
-    """Patch ``lmcache.integration.vllm.vllm_v1_adapter`` (idempotent)."""
+    """Patch LMCache's vLLM adapter module (``lmcache_modules.VLLM_ADAPTER``;
+    idempotent)."""
     cls = module.LMCacheConnectorV1Impl
     if getattr(cls, "_lmcache_ascend_patched", False):
         return
@@ -163,9 +165,11 @@ def patch_v1_adapter(module: Any) -> None:
 
 
 def _patch_gpu_connector_factory() -> None:
-    import lmcache.v1.gpu_connector as gpu_connector
     from lmcache.utils import EngineType
 
+    # The module the adapter's service factory imports CreateGPUConnector from
+    # when it builds the engine.
+    gpu_connector = lmcache_modules.load(lmcache_modules.GPU_CONNECTOR_FACTORY)
     original = gpu_connector.CreateGPUConnector
     if getattr(original, "_lmcache_ascend", False):
         return
@@ -226,7 +230,6 @@ def install_shutdown(adapter: Any) -> None:
     server's ZMQ socket while that server's (daemon) thread is blocked on it,
     which aborts the process inside libzmq."""
     from lmcache.integration.vllm.utils import ENGINE_NAME
-    from lmcache.v1.cache_engine import LMCacheEngineBuilder
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
     from lmcache_ascend.compat import vllm_features
@@ -236,13 +239,14 @@ def install_shutdown(adapter: Any) -> None:
     parent = getattr(adapter, "_parent", None)
     if parent is None or type(parent).shutdown is not KVConnectorBase_V1.shutdown:
         return  # vLLM closes it itself
+    builder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
 
     def shutdown() -> None:
         engine = adapter.lmcache_engine
         if engine is None:
             return
         bounded_close("remote backends", lambda: detach_remote_backends(engine))
-        bounded_close("LMCache engine", lambda: LMCacheEngineBuilder.destroy(ENGINE_NAME))
+        bounded_close("LMCache engine", lambda: builder.destroy(ENGINE_NAME))
 
     parent.shutdown = shutdown
     if not vllm_features().inproc_engine_shuts_down:

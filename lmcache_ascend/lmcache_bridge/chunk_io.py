@@ -21,11 +21,13 @@ from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 import torch
 
-from lmcache.v1.gpu_connector.gpu_connectors import GPUConnectorInterface
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
+from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.planning.groups import ChunkRequest
+
+GPUConnectorInterface = lmcache_modules.load(lmcache_modules.GPU_CONNECTORS).GPUConnectorInterface
 
 logger = logging.getLogger(__name__)
 

@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
+from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext
 from lmcache_ascend.lmcache_bridge.resources import bounded_close, detach_remote_backends
 
@@ -88,10 +89,10 @@ def pin_init_hash(db: Any) -> int:
     meet. The value equals what LMCache computes itself on vLLM 0.32, so
     chunks are shared between engines of every supported vLLM. Pinned per
     instance: a later token database re-seeds LMCache's module global."""
-    from lmcache.v1.token_database import _normalize_hash_to_int
+    token_database = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE)
 
     seed = os.environ.get("PYTHONHASHSEED") or NONE_HASH_SEED
-    value = _normalize_hash_to_int(db.hash_func(seed))
+    value = token_database._normalize_hash_to_int(db.hash_func(seed))
     db._get_init_hash = lambda: value
     return value
 
@@ -100,12 +101,12 @@ def prepare_token_database(owner: Any, chunk_size: int, where: str) -> Optional[
     """Pins the chunk-hash seed of ``owner.token_database`` (an LMCache engine
     or lookup client) and memoizes its prefix hashes (see hash_memo.py).
     Returns the memo."""
-    from lmcache.v1.token_database import ChunkedTokenDatabase
-
     from lmcache_ascend.lmcache_bridge import hash_memo
 
+    token_database = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE)
+
     db = getattr(owner, "token_database", None)
-    if not isinstance(db, ChunkedTokenDatabase):
+    if not isinstance(db, token_database.ChunkedTokenDatabase):
         logger.info(
             "lmcache-ascend %s: chunk prefix hashes are not memoized (%s uses %s)",
             where,
@@ -144,9 +145,8 @@ class SchedulerLookup:
 
     @classmethod
     def create(cls, lmcache_config: Any, spec: EngineSpec) -> "SchedulerLookup":
-        from lmcache.v1.lookup_client.factory import LookupClientFactory
-
-        client = LookupClientFactory.create_lookup_client(lmcache_config, spec.metadata("scheduler"))
+        factory = lmcache_modules.load(lmcache_modules.LOOKUP_CLIENT_FACTORY).LookupClientFactory
+        client = factory.create_lookup_client(lmcache_config, spec.metadata("scheduler"))
         prepare_token_database(client, spec.chunk_size, "scheduler")
         return cls(client, spec.chunk_size)
 
@@ -188,8 +188,8 @@ class WorkerEngine:
         cls, lmcache_config: Any, spec: EngineSpec, connector: Any, chunk_bytes: int, num_layers: int,
         layout_fingerprint: str,
     ) -> "WorkerEngine":
-        from lmcache.v1.cache_engine import LMCacheEngineBuilder
-        from lmcache.v1.lookup_client.factory import LookupClientFactory
+        builder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
+        factory = lmcache_modules.load(lmcache_modules.LOOKUP_CLIENT_FACTORY).LookupClientFactory
 
         metadata = spec.metadata("worker", chunk_bytes, num_layers)
         # Chunk keys carry the model name; adding the buffer layout's
@@ -199,12 +199,12 @@ class WorkerEngine:
         metadata.model_name = f"{spec.model_name}+{layout_fingerprint}"
         instance_id = f"{ENGINE_INSTANCE_PREFIX}-{spec.engine_id}-{spec.rank}"
         with _engine_lock:
-            engine = LMCacheEngineBuilder.get_or_create(
+            engine = builder.get_or_create(
                 instance_id, lmcache_config, metadata, connector, _broadcast_noop, _broadcast_object_noop
             )
             engine.post_init()
             prepare_token_database(engine, spec.chunk_size, "worker")
-        server = LookupClientFactory.create_lookup_server(engine, metadata)
+        server = factory.create_lookup_server(engine, metadata)
         return cls(engine, server, instance_id)
 
     def retrieve(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> torch.Tensor:
@@ -220,12 +220,12 @@ class WorkerEngine:
         if self._closed:
             return
         self._closed = True
-        from lmcache.v1.cache_engine import LMCacheEngineBuilder
+        builder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
 
         if self._server is not None:
             bounded_close("lookup server", self._server.close)
         bounded_close("remote backends", lambda: detach_remote_backends(self.engine))
-        bounded_close("LMCache engine", lambda: LMCacheEngineBuilder.destroy(self.instance_id))
+        bounded_close("LMCache engine", lambda: builder.destroy(self.instance_id))
 
 
 def _broadcast_noop(tensor: torch.Tensor, src: int) -> torch.Tensor:

@@ -1,26 +1,33 @@
 """The patches lmcache-ascend applies to LMCache's modules, and the gate.
 
-Each patch names the LMCache module it changes, the LMCache releases it was
-verified on, and the upstream problem it works around. ``apply`` runs a patch
-once, when its module has executed (``hook.py``), and only when the installed
-LMCache is one of those releases; on any other release LMCache is left as it
-is and one warning says so (the connectors then refuse to start, naming the
-supported versions, see ``lmcache_ascend.compat``). Every patch has a test
-that fails without it (tests/unit/test_lmcache_fixes.py,
-test_ascend_config.py, test_adapter_shim.py).
+Each patch names the LMCache module it changes (by its 0.5.6 name; where
+the installed release keeps it is ``lmcache_modules.resolve``), the LMCache
+releases it was verified on, and the upstream problem it works around.
+``apply`` runs a patch once, when its module has executed (``hook.py``), and
+only when the installed LMCache is one of those releases; on any other
+release LMCache is left as it is and one warning says so (the connectors
+then refuse to start, naming the supported versions, see
+``lmcache_ascend.compat``). Every patch has a test that fails without it
+(tests/unit/test_lmcache_fixes.py, test_ascend_config.py,
+test_adapter_shim.py); test_lmcache_modules.py checks that each one applies
+on the installed release. In 0.5.7rc2 the three patched modules differ from
+0.5.6 only in import paths (the executor, config and adapter code is the
+same), so the same patches hold there.
 
 Imports nothing of LMCache at import time.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
-from types import ModuleType
-from typing import Callable
+from types import MappingProxyType, ModuleType
+from typing import Callable, Mapping
 
-from lmcache_ascend.compat import installed_lmcache_version, supported_text
+from lmcache_ascend.compat import supported_text
+from lmcache_ascend.lmcache_bridge import lmcache_modules
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +35,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Patch:
     name: str
-    module: str  # the LMCache module it changes, patched right after it executed
+    module: str  # the LMCache module it changes (0.5.6 path), patched right after it executed
     verified_on: tuple[str, ...]  # LMCache releases
     works_around: str
     apply: Callable[[ModuleType], None]
@@ -65,7 +72,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         "pq_executor_shield",
         "lmcache.v1.storage_backend.job_executor.pq_executor",
-        ("0.5.6",),
+        ("0.5.6", "0.5.7rc2"),
         "AsyncPQExecutor.submit_job awaits its job's future directly, so a "
         "cancelled caller cancels it and the worker dies on set_result; "
         "RemoteBackend.batched_get_blocking cancels every get behind a failed "
@@ -76,7 +83,7 @@ PATCHES: tuple[Patch, ...] = (
     Patch(
         "config_keys",
         "lmcache.v1.config",
-        ("0.5.6",),
+        ("0.5.6", "0.5.7rc2"),
         "LMCache's config has no registry for plugin keys that its yaml, "
         "environment and kv_connector_extra_config loaders all read: our ascend_* "
         "keys are added to its definitions and config class (lmcache_bridge/config.py).",
@@ -84,15 +91,21 @@ PATCHES: tuple[Patch, ...] = (
     ),
     Patch(
         "vllm_adapter_shim",
-        "lmcache.integration.vllm.vllm_v1_adapter",
-        ("0.5.6",),
+        lmcache_modules.VLLM_ADAPTER,
+        ("0.5.6", "0.5.7rc2"),
         "LMCache's in-process vLLM adapter has GPU connectors for CUDA, XPU, MUSA "
         "and HPU only ('No supported cpu connector found'); on the CPU and NPUs the "
         "shim gives it our chunk path (lmcache_bridge/adapter_shim.py).",
         _shim_vllm_adapter,
     ),
 )
-BY_MODULE: dict[str, Patch] = {p.module: p for p in PATCHES}
+
+
+@functools.lru_cache(maxsize=None)
+def by_module() -> Mapping[str, Patch]:
+    """The patches by the name the installed LMCache gives their module."""
+    return MappingProxyType({lmcache_modules.resolve(p.module): p for p in PATCHES})
+
 
 _lock = threading.Lock()
 _applied: set[str] = set()
@@ -102,7 +115,7 @@ _refused: set[str] = set()
 def apply(patch: Patch, module: ModuleType) -> bool:
     """Applies ``patch`` to ``module`` once; False if it is not (or not yet)
     applied because the installed LMCache is not a verified release."""
-    version = installed_lmcache_version()
+    version = lmcache_modules.release()
     with _lock:
         if patch.name in _applied:
             return True

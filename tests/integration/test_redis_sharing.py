@@ -59,12 +59,13 @@ def chunk_hashes(tokens: list[int]) -> list[str]:
     import torch
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    from lmcache_ascend.lmcache_bridge import lmcache_modules
 
     cfg = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, pre_caching_hash_algorithm="sha256_cbor", save_unfull_chunk=False
     )
-    db = ChunkedTokenDatabase(cfg, None)
+    db = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE).ChunkedTokenDatabase(cfg, None)
     out = []
     for _, _, h in db.process_tokens(torch.tensor(tokens), make_key=False):
         out.append(CacheEngineKey("m", 1, 0, h, torch.uint8).chunk_hash_hex)

@@ -20,15 +20,18 @@ import torch
 pytest.importorskip("vllm", reason="the adapter module and KV cache specs are vLLM's")
 
 import lmcache_ascend  # noqa: F401  (installs the hook)
-import lmcache.integration.vllm.vllm_v1_adapter as adapter_module
-import lmcache.v1.gpu_connector as gpu_connector
 from lmcache.utils import EngineType
-from lmcache.v1.cache_engine import LMCacheEngineBuilder
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.metadata import LMCacheMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
 from lmcache_ascend.lmcache_bridge import adapter_shim as shim
+from lmcache_ascend.lmcache_bridge import lmcache_modules
+
+# Where the installed LMCache keeps them (0.5.7rc2 moved them under lmcache.inprocess).
+adapter_module = lmcache_modules.load(lmcache_modules.VLLM_ADAPTER)
+gpu_connector = lmcache_modules.load(lmcache_modules.GPU_CONNECTOR_FACTORY)
+LMCacheEngineBuilder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
 
 CHUNK, BS, LAYERS, HEADS, HEAD = 256, 128, 3, 2, 32
 NUM_BLOCKS = 16
@@ -102,7 +105,7 @@ def test_import_patches_the_adapter_and_the_connector_factory():
     assert adapter_module.LMCacheConnectorV1Impl._lmcache_ascend_patched
     assert gpu_connector.CreateGPUConnector._lmcache_ascend
     assert shim.shim_active()  # this machine: torch_device_type 'cpu'
-    # What LMCache 0.5.6 does here without the shim:
+    # What LMCache (0.5.6, 0.5.7rc2) does here without the shim:
     with pytest.raises(RuntimeError, match="No supported cpu connector"):
         gpu_connector.CreateGPUConnector.__wrapped__(_config(), _metadata(), EngineType.VLLM)
     assert isinstance(

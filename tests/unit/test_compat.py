@@ -106,8 +106,8 @@ def test_unverified_lmcache_release_is_left_unpatched():
     """On an LMCache release the patches were not verified on, importing
     LMCache's patched modules changes nothing and one warning says so."""
     code = (
-        "import lmcache_ascend.lmcache_bridge.patches as p\n"
-        "p.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n"
+        "import lmcache_ascend.lmcache_bridge.lmcache_modules as m  # reads the release once\n"
+        "m.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n"
         "import lmcache.v1.config as cfg\n"
         "import lmcache.v1.storage_backend.job_executor.pq_executor as pq\n"
         "print('KEYS', 'ascend_bundle_multi_spec' in cfg._CONFIG_DEFINITIONS)\n"
@@ -118,7 +118,7 @@ def test_unverified_lmcache_release_is_left_unpatched():
     assert "KEYS False" in out.stdout and "SHIELD False" in out.stdout
     assert out.stderr.count("is not a release its patches were verified on") == 1
     # The same import on the verified release patches both.
-    code_ok = code.replace("p.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n", "")
+    code_ok = code.replace("m.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n", "")
     ok = _fresh(code_ok)
     assert "KEYS True" in ok.stdout and "SHIELD True" in ok.stdout, ok.stderr[-3000:]
 

@@ -17,13 +17,14 @@ CHUNK = 16
 
 def _db(save_unfull: bool = False):
     from lmcache.v1.config import LMCacheEngineConfig
-    from lmcache.v1.token_database import ChunkedTokenDatabase
+
+    from lmcache_ascend.lmcache_bridge import lmcache_modules
 
     cfg = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, pre_caching_hash_algorithm="sha256_cbor",
         save_unfull_chunk=save_unfull,
     )
-    return ChunkedTokenDatabase(cfg, None)
+    return lmcache_modules.load(lmcache_modules.TOKEN_DATABASE).ChunkedTokenDatabase(cfg, None)
 
 
 def _keys(db, tokens, mask=None):

@@ -20,13 +20,15 @@ import torch
 pytest.importorskip("vllm", reason="the scheduler half reads vLLM's request types")
 
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.lookup_client.factory import LookupClientFactory
 from lmcache.v1.metadata import LMCacheMetadata
 
+from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_layout import RequestView
 from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
+
+LookupClientFactory = lmcache_modules.load(lmcache_modules.LOOKUP_CLIENT_FACTORY).LookupClientFactory
 
 CHUNK = 256
 GROUPS = (SchedulerGroup(index=0, kind=GroupKind.FULL, spec_name="FullAttentionSpec", block_size=128),)
