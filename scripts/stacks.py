@@ -7,7 +7,11 @@ vLLM, torch, LMCache and the build/test tools. Installing one takes minutes
 and several GB, so each is installed once per machine into a shared *stack
 environment* outside any clone, keyed by a hash of its files:
 ``$LMCACHE_ASCEND_STACKS`` (default ``~/.cache/lmcache-ascend/stacks``)
-``/<name>-<hash>``. A clone never installs this package into it. Instead it
+``/<name>-<hash>``. A stack file may start from a *base* stack (a line
+``# base: <name>``, e.g. the torch-2.13 stack that every vLLM on torch 2.13
+shares): the stack environment then sees the base's site-packages through a
+``.pth`` file, so pip finds torch installed there and several GB of torch
+are installed once, not once per vLLM. A clone never installs this package into it. Instead it
 gets a small *overlay* venv of its own (``.venv`` for the primary stack)
 whose ``.pth`` file adds the stack environment's site-packages; the package
 is installed (editable) into the overlay. Several clones and several stacks
@@ -49,6 +53,15 @@ def log(msg: str) -> None:
     print(f"[stacks] {msg}", file=sys.stderr, flush=True)
 
 
+def base_of(name: str) -> str | None:
+    """The base stack named by a ``# base: <name>`` line, if any."""
+    for line in (STACK_DIR / f"{name}.txt").read_text().splitlines():
+        text = line.strip()
+        if text.startswith("#") and text[1:].strip().startswith("base:"):
+            return text[1:].strip()[len("base:"):].strip()
+    return None
+
+
 def stack_files(name: str) -> list[Path]:
     main = STACK_DIR / f"{name}.txt"
     if not main.is_file():
@@ -67,6 +80,9 @@ def stack_key(name: str) -> str:
     for f in stack_files(name):
         h.update(f.name.encode())
         h.update(f.read_bytes())
+    base = base_of(name)
+    if base:
+        h.update(f"base {base}-{stack_key(base)}".encode())
     return h.hexdigest()[:10]
 
 
@@ -113,8 +129,14 @@ def ensure(name: str) -> Path:
         if path.exists():
             log(f"removing an incomplete stack environment at {path}")
             shutil.rmtree(path)
+        base = base_of(name)
+        base_path = ensure(base) if base else None
         log(f"installing stack {name} into {path} (once per machine; minutes)")
         subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+        if base_path is not None:
+            # Before any install: pip must see the base's packages (torch) as
+            # installed, or a dependency would pull another build of torch.
+            (site_packages(path) / PTH).write_text(_pth_line(base_path))
         main = files[0]
         torch = _pinned_torch(main)
         if torch:
@@ -126,14 +148,29 @@ def ensure(name: str) -> Path:
         if nodeps.is_file():
             _pip(path, "install", "-q", "--no-deps", "-r", str(nodeps))
         _pip(path, "uninstall", "-y", "-q", *UNWANTED)
+        if base_path is not None:
+            # torch is what the base is for (pip, setuptools and small
+            # libraries may well exist in both).
+            shadowing = sorted(p.name for p in site_packages(path).glob("torch*"))
+            if shadowing:
+                raise SystemExit(
+                    f"stack {name} installed its own copy of {shadowing} over its base {base}: "
+                    f"its requirements ask for other versions than {base}'s; align them or drop the base line"
+                )
         (path / STAMP).write_text(f"{name} {stack_key(name)}\n")
     return path
+
+
+def _pth_line(env: Path) -> str:
+    # addsitedir also runs the .pth files there: an overlay of a stack with
+    # a base sees the base too.
+    return f"import site; site.addsitedir({str(site_packages(env))!r})\n"
 
 
 def overlay(name: str, venv: Path) -> Path:
     stack = ensure(name)
     venv = venv.resolve()
-    pth_line = f"import site; site.addsitedir({str(site_packages(stack))!r})\n"
+    pth_line = _pth_line(stack)
     pth = site_packages(venv) / PTH
     if pth.is_file() and pth.read_text() == pth_line and (venv / "bin" / "python").exists():
         return stack

@@ -13,6 +13,9 @@ from lmcache_ascend.planning.groups import ChunkRequest, GroupKind, SchedulerGro
 from lmcache_ascend.planning.kv_format import LayoutHints
 from lmcache_ascend.planning.planner import build_plan
 
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
+
 CHUNK = 256
 
 

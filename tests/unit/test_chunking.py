@@ -17,6 +17,9 @@ from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 from lmcache_ascend.planning.kv_format import LayoutHints
 from lmcache_ascend.planning.planner import build_plan
 
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
+
 FULL, SLIDING, STATE = GroupKind.FULL, GroupKind.SLIDING, GroupKind.STATE
 
 

@@ -7,6 +7,10 @@ import json
 
 import engine_errors
 import sched_trace
+import pytest
+
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
 
 # An engine log as vLLM writes it: the processes' lines interleaved, the
 # worker's own error far above the last lines (which only show the engine

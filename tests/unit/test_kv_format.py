@@ -14,6 +14,9 @@ from lmcache_ascend.planning.kv_format import (
     physical_view,
 )
 
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
+
 ROW, PAGE = Granularity.ROW, Granularity.PAGE
 NHD, HND = LayoutHints(kv_layout="NHD"), LayoutHints(kv_layout="HND")
 

@@ -14,6 +14,9 @@ sys.path.insert(0, str(BENCH))
 import bench_serving  # noqa: E402
 import serving_report  # noqa: E402
 
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
+
 
 def _run(conn: str, repeat: int, ttft: float, tok_s: float, kv: str = "fit") -> dict:
     return {"model": "llama", "kv": kv, "connector": conn, "repeat": repeat,

@@ -32,6 +32,9 @@ from lmcache_ascend.planning.slot_mapping import (
     primary_group,
 )
 
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
+
 FULL, SLIDING, STATE = GroupKind.FULL, GroupKind.SLIDING, GroupKind.STATE
 
 

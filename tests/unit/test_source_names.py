@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parents[2]
 TREES = ["lmcache_ascend", "tests", "bench", "scripts"]
 MODULE_DUNDERS = {"__file__", "__name__", "__doc__", "__spec__", "__loader__", "__package__",

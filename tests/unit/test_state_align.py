@@ -30,6 +30,9 @@ from lmcache_ascend.planning.state_align import (
 )
 from lmcache_ascend.transfer.state_transfer import StateLayoutError, StateTransfer
 
+# Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
+pytestmark = pytest.mark.pure
+
 B = 384
 CONV, SSM = (3, 512), (4, 64, 64)
 LAYER_BYTES = math.prod(CONV) * 2 + math.prod(SSM) * 4  # 68608: bf16 conv + fp32 SSM

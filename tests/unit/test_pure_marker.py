@@ -1,0 +1,52 @@
+"""The ``pure`` marker is true: a stack that shares the primary stack's torch
+skips the modules carrying it (Makefile, COMPAT_TESTS_vllm-0.27/0.29/0.30),
+which is only sound if importing them loads neither vLLM nor LMCache, the
+only things such a stack changes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.pure
+
+UNIT = Path(__file__).resolve().parent
+TESTS = UNIT.parent
+
+_PROBE = r"""
+import importlib.util, json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/support"]
+path = sys.argv[2]
+spec = importlib.util.spec_from_file_location("probe_module", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+marks = getattr(module, "pytestmark", [])
+marks = marks if isinstance(marks, list) else [marks]
+print(json.dumps({
+    "pure": any(m.name == "pure" for m in marks),
+    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "lmcache")),
+}))
+"""
+
+
+def _marked_pure() -> list[Path]:
+    return sorted(p for p in UNIT.glob("test_*.py") if "pytestmark = pytest.mark.pure" in p.read_text())
+
+
+def test_some_modules_are_marked():
+    assert len(_marked_pure()) >= 5
+
+
+@pytest.mark.parametrize("path", _marked_pure(), ids=lambda p: p.stem)
+def test_pure_module_loads_neither_vllm_nor_lmcache(path):
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE, str(TESTS), str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["pure"], f"{path.name}: the marker is not set on the module"
+    assert not result["loaded"], f"{path.name} is marked pure but loads {result['loaded'][:5]}"
