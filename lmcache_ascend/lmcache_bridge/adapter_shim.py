@@ -1,10 +1,11 @@
-"""Lets vLLM's own ``LMCacheConnectorV1`` run on the CPU and on NPUs.
+"""Lets vLLM's own ``LMCacheConnectorV1`` run on the CPU and on NPUs: the
+LMCache side.
 
-LMCache 0.5.6's in-process vLLM adapter builds its engine with a "GPU
-connector" that exists only for CUDA, XPU, MUSA and HPU; on any other device
-``CreateGPUConnector`` raises. This shim (applied by ``import lmcache_ascend``,
-see ``lmcache_ascend.lmcache_bridge.hook``) changes exactly that, and only on
-devices LMCache has no connector for:
+LMCache's in-process vLLM adapter (0.5.6, 0.5.7rc2) builds its engine with a
+"GPU connector" that exists only for CUDA, XPU, MUSA and HPU; on any other
+device ``CreateGPUConnector`` raises. This shim (applied by ``import
+lmcache_ascend``, see ``lmcache_ascend.lmcache_bridge.hook``) changes exactly
+that, and only on devices LMCache has no connector for:
 
 * ``CreateGPUConnector`` returns an :class:`AdapterChunkConnector`: our
   device-neutral chunk path (the same planner, ``ChunkTransfer`` and native
@@ -13,6 +14,13 @@ devices LMCache has no connector for:
 * the adapter's config step also applies our checks (startup errors for bad
   values, whole chunks only, a deterministic chunk hash, recompute on load
   failure) and registers our config keys.
+
+The steps that read vLLM's types or build the plan (startup checks, vLLM's
+shutdown, planning for vLLM's KV tensors) are the vLLM integration's
+(``integration/vllm/adapter_route.py``); the patched adapter calls them
+through the route registered in ``route_registry``, so this module never
+imports that layer. Here: the GPU-connector hook, the engine guard, the
+engine's close and its chunk keys.
 
 The adapter reads ``block_ids[0]`` only, so this route serves models with one
 KV cache group (vLLM turns its hybrid manager off for this connector);
@@ -24,12 +32,11 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules
+from lmcache_ascend.lmcache_bridge import lmcache_modules, route_registry
 from lmcache_ascend.lmcache_bridge.chunk_io import LoadOutcome, PagedChunkConnector, TransferContext
 
 logger = logging.getLogger(__name__)
@@ -130,7 +137,8 @@ class AdapterChunkConnector(PagedChunkConnector):
 
 def patch_v1_adapter(module: Any) -> None:
     """Patch LMCache's vLLM adapter module (``lmcache_modules.VLLM_ADAPTER``;
-    idempotent)."""
+    idempotent). The steps that read vLLM come from the registered route
+    (``route_registry``), looked up when the adapter runs them."""
     cls = module.LMCacheConnectorV1Impl
     if getattr(cls, "_lmcache_ascend_patched", False):
         return
@@ -150,12 +158,14 @@ def patch_v1_adapter(module: Any) -> None:
     def _apply_extra_config(self, config, vllm_config):
         apply_extra(self, config, vllm_config)
         if shim_active():
-            prepare(config, vllm_config, is_scheduler=self._role.name == "SCHEDULER")
-            install_shutdown(self)
+            route = route_registry.registered()
+            route.prepare(config, vllm_config, self._role.name == "SCHEDULER")
+            route.install_shutdown(getattr(self, "_parent", None), _engine_closer(self))
 
     def register_kv_caches(self, kv_caches):
         if shim_active():
-            bind(self, kv_caches)
+            route = route_registry.registered()
+            route.bind(getattr(self, "_parent", None), self.lmcache_engine, self.config, kv_caches)
         register(self, kv_caches)
 
     cls.__init__ = __init__
@@ -184,30 +194,19 @@ def _patch_gpu_connector_factory() -> None:
     gpu_connector.CreateGPUConnector = CreateGPUConnector
 
 
-def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
-    """Our startup checks and requirements, in both vLLM roles."""
+def announce() -> None:
+    """Says once per process that this route moves the chunks."""
     global _announced
-    from lmcache_ascend.compat import require_supported
-    from lmcache_ascend.integration.vllm import vllm_layout
-    from lmcache_ascend.lmcache_bridge.config import enforce_engine_requirements, validate_engine_config
-    from lmcache_ascend.lmcache_bridge.engine import attach_logging
-
-    attach_logging()
-
-    require_supported()
-    validate_engine_config(config, os.environ)
-    enforce_engine_requirements(config, 1, connector=ROUTE)
-    if is_scheduler:
-        vllm_layout.ensure_recompute_on_load_failure(vllm_config)
-    if not _announced:
-        _announced = True
-        logger.info(
-            "lmcache-ascend: LMCache has no vLLM connector for device '%s'; %s moves "
-            "the chunks (one KV cache group; hybrid models need %s)",
-            device_type(),
-            ROUTE,
-            DYNAMIC,
-        )
+    if _announced:
+        return
+    _announced = True
+    logger.info(
+        "lmcache-ascend: LMCache has no vLLM connector for device '%s'; %s moves "
+        "the chunks (one KV cache group; hybrid models need %s)",
+        device_type(),
+        ROUTE,
+        DYNAMIC,
+    )
 
 
 def seed_lookup_hashes(adapter: Any) -> None:
@@ -220,52 +219,31 @@ def seed_lookup_hashes(adapter: Any) -> None:
         prepare_token_database(client, int(adapter.config.chunk_size), "adapter scheduler")
 
 
-def install_shutdown(adapter: Any) -> None:
-    """vLLM 0.32's ``LMCacheConnectorV1`` does not override ``shutdown``, so
-    LMCache's engine is never closed; its storage thread is not a daemon and
-    keeps an in-process engine's Python process alive forever. Give this
-    connector instance a bounded shutdown that closes LMCache's engine.
+def _engine_closer(adapter: Any) -> Callable[[], None]:
+    """Closes the adapter's LMCache engine, bounded: the engine only.
 
-    Only the engine: LMCache's full ``stop_services`` closes its offload
-    server's ZMQ socket while that server's (daemon) thread is blocked on it,
-    which aborts the process inside libzmq."""
+    LMCache's full ``stop_services`` closes its offload server's ZMQ socket
+    while that server's (daemon) thread is blocked on it, which aborts the
+    process inside libzmq."""
+    # Imported now, not at shutdown, when the interpreter may be exiting.
     from lmcache.integration.vllm.utils import ENGINE_NAME
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-    from lmcache_ascend.compat import vllm_features
-    from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
     from lmcache_ascend.lmcache_bridge.resources import bounded_close, detach_remote_backends
 
-    parent = getattr(adapter, "_parent", None)
-    if parent is None or type(parent).shutdown is not KVConnectorBase_V1.shutdown:
-        return  # vLLM closes it itself
     builder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
 
-    def shutdown() -> None:
+    def close() -> None:
         engine = adapter.lmcache_engine
         if engine is None:
             return
         bounded_close("remote backends", lambda: detach_remote_backends(engine))
         bounded_close("LMCache engine", lambda: builder.destroy(ENGINE_NAME))
 
-    parent.shutdown = shutdown
-    if not vllm_features().inproc_engine_shuts_down:
-        close_before_thread_join(parent, lambda p: p.shutdown())
+    return close
 
 
-def bind(adapter: Any, kv_caches: Mapping[str, Any]) -> None:
-    """``register_kv_caches`` of the adapter: bind its engine's connector."""
-    bind_engine(adapter.lmcache_engine, kv_caches, adapter._parent._kv_cache_config, adapter.config)
-
-
-def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any, config: Any) -> None:
-    """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
-    from lmcache_ascend.integration.vllm import vllm_layout, wiring
-    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
-    from lmcache_ascend.planning.planner import build_plan
-    from lmcache_ascend.planning.settings import AscendConfig
-    from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
-
+def adapter_connector(engine: Any) -> AdapterChunkConnector:
+    """The engine's chunk connector; an error if LMCache built another one."""
     connector = getattr(engine, "gpu_connector", None)
     if not isinstance(connector, AdapterChunkConnector):
         raise RuntimeError(
@@ -273,33 +251,22 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
             "lmcache-ascend chunk connector (was the engine created before "
             "lmcache_ascend was imported?)"
         )
-    groups = vllm_layout.scheduler_groups(kv_cache_config)
-    if len(groups) != 1:
-        raise ValueError(
-            f"{ROUTE} serves models with one KV cache group; this one has {len(groups)} "
-            f"({[g.spec_name for g in groups]}). Use {DYNAMIC} (kv_connector_module_path "
-            "lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1), which keeps "
-            "vLLM's hybrid KV cache manager on"
-        )
-    plan = build_plan(
-        kv_caches,
-        groups,
-        int(config.chunk_size),
-        AscendConfig.from_lmcache(config),
-        wiring.worker_layout_hints(kv_cache_config),
-    )
-    transfer = ChunkTransfer(plan, kv_device=wiring.kv_device(kv_caches), kv_caches=kv_caches)
-    connector.bind(plan.chunk_bytes, transfer.store, transfer.load, groups[0].block_size)
+    return connector
+
+
+def prepare_engine(engine: Any, connector: AdapterChunkConnector, layout_fingerprint: str) -> None:
+    """After ``connector`` was bound: key this layout's chunks apart, guard
+    the engine's retrieve and store, seed and memoize its chunk hashes."""
+    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
+
     # Chunks of this layout must never meet chunks LMCache's own connectors
     # wrote (another byte layout) in shared or persistent storage.
     metas = (engine.metadata, getattr(engine.token_database, "metadata", None))
     for metadata in {id(m): m for m in metas if m is not None}.values():
         if "+" not in metadata.model_name:
-            metadata.model_name = f"{metadata.model_name}+{plan.layout_fingerprint}"
+            metadata.model_name = f"{metadata.model_name}+{layout_fingerprint}"
     _guard_engine(engine, connector)
-    prepare_token_database(engine, int(config.chunk_size), "adapter worker")
-    logger.info("lmcache-ascend adapter plan:\n%s", plan.describe())
-    wiring.log_copy_threads(transfer)
+    prepare_token_database(engine, int(connector.chunk_size), "adapter worker")
 
 
 def _guard_engine(engine: Any, connector: AdapterChunkConnector) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,8 +26,9 @@ from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.metadata import LMCacheMetadata
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 
+from lmcache_ascend.integration.vllm import adapter_route
 from lmcache_ascend.lmcache_bridge import adapter_shim as shim
-from lmcache_ascend.lmcache_bridge import lmcache_modules
+from lmcache_ascend.lmcache_bridge import lmcache_modules, route_registry
 
 # Where the installed LMCache keeps them (0.5.7rc2 moved them under lmcache.inprocess).
 adapter_module = lmcache_modules.load(lmcache_modules.VLLM_ADAPTER)
@@ -85,7 +87,7 @@ def engine_and_kv():
     name = f"shim-test-{uuid.uuid4().hex}"
     engine = LMCacheEngineBuilder.get_or_create(name, config, metadata, connector, lambda t, s: t, lambda o, s: o)
     engine.post_init()
-    shim.bind_engine(engine, kv, _kv_cache_config(), config)
+    adapter_route.bind_engine(engine, kv, _kv_cache_config(), config)
     try:
         yield engine, kv
     finally:
@@ -111,6 +113,38 @@ def test_import_patches_the_adapter_and_the_connector_factory():
     assert isinstance(
         gpu_connector.CreateGPUConnector(_config(), _metadata(), EngineType.VLLM), shim.AdapterChunkConnector
     )
+
+
+class _Bound(Exception):
+    """Stops the patched register_kv_caches before LMCache's own runs."""
+
+
+def test_patched_adapter_hands_vllm_steps_to_the_registered_route(monkeypatch):
+    # import lmcache_ascend registered the vLLM integration's steps.
+    assert route_registry.registered() is adapter_route.STEPS
+    calls = []
+
+    def bind(*args):
+        calls.append(args)
+        raise _Bound
+
+    monkeypatch.setattr(
+        route_registry, "_route", route_registry.AdapterRoute(prepare=None, install_shutdown=None, bind=bind)
+    )
+    impl = adapter_module.LMCacheConnectorV1Impl.__new__(adapter_module.LMCacheConnectorV1Impl)
+    parent, engine, config, kv = object(), object(), object(), {"layer": object()}
+    impl._parent, impl.config = parent, config
+    impl._manager = SimpleNamespace(lmcache_engine=engine)  # LMCache's engine owner
+    with pytest.raises(_Bound):
+        impl.register_kv_caches(kv)
+    assert calls == [(parent, engine, config, kv)]
+
+
+def test_patched_adapter_without_registered_steps_stops_with_a_clear_error(monkeypatch):
+    monkeypatch.setattr(route_registry, "_route", None)
+    impl = adapter_module.LMCacheConnectorV1Impl.__new__(adapter_module.LMCacheConnectorV1Impl)
+    with pytest.raises(route_registry.RouteNotRegistered, match="import lmcache_ascend"):
+        impl.register_kv_caches({})
 
 
 def test_store_then_retrieve_into_other_blocks_is_byte_exact(engine_and_kv):

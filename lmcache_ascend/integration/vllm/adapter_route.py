@@ -1,0 +1,104 @@
+"""vLLM's own ``LMCacheConnectorV1`` on the CPU and on NPUs: the vLLM side.
+
+``lmcache_bridge/adapter_shim.py`` patches LMCache's vLLM adapter (its
+GPU-connector factory and three methods of ``LMCacheConnectorV1Impl``). The
+steps of that route that read vLLM's types or build the transfer plan are
+here: the startup checks with vLLM's load-failure policy, a shutdown where
+vLLM gives the connector none, and the plan for vLLM's KV tensors. ``import
+lmcache_ascend`` registers them with the bridge (``register``), which calls
+them through ``lmcache_bridge.route_registry``: dependencies point down, the
+bridge never imports this layer.
+
+Imports nothing of vLLM or LMCache at import time (``import lmcache_ascend``
+imports this module).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Callable, Mapping, Optional
+
+from lmcache_ascend.lmcache_bridge import route_registry
+
+logger = logging.getLogger(__name__)
+
+
+def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
+    """Our startup checks and requirements, in both vLLM roles."""
+    from lmcache_ascend.compat import require_supported
+    from lmcache_ascend.integration.vllm import vllm_layout
+    from lmcache_ascend.lmcache_bridge.adapter_shim import ROUTE, announce
+    from lmcache_ascend.lmcache_bridge.config import enforce_engine_requirements, validate_engine_config
+    from lmcache_ascend.lmcache_bridge.engine import attach_logging
+
+    attach_logging()
+    require_supported()
+    validate_engine_config(config, os.environ)
+    enforce_engine_requirements(config, 1, connector=ROUTE)
+    if is_scheduler:
+        vllm_layout.ensure_recompute_on_load_failure(vllm_config)
+    announce()
+
+
+def install_shutdown(parent: Optional[Any], close: Callable[[], None]) -> None:
+    """vLLM 0.32's ``LMCacheConnectorV1`` does not override ``shutdown``, so
+    LMCache's engine is never closed; its storage thread is not a daemon and
+    keeps an in-process engine's Python process alive forever. Give this
+    connector instance (``parent``) a shutdown that runs ``close``, the
+    bridge's bounded close of LMCache's engine."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+
+    from lmcache_ascend.compat import vllm_features
+    from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
+
+    if parent is None or type(parent).shutdown is not KVConnectorBase_V1.shutdown:
+        return  # vLLM closes it itself
+    parent.shutdown = close
+    if not vllm_features().inproc_engine_shuts_down:
+        close_before_thread_join(parent, lambda p: p.shutdown())
+
+
+def bind(parent: Any, engine: Any, config: Any, kv_caches: Mapping[str, Any]) -> None:
+    """``register_kv_caches`` of the adapter: bind its engine's connector to
+    the KV tensors of vLLM's connector ``parent``."""
+    bind_engine(engine, kv_caches, parent._kv_cache_config, config)
+
+
+def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any, config: Any) -> None:
+    """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
+    from lmcache_ascend.integration.vllm import vllm_layout, wiring
+    from lmcache_ascend.lmcache_bridge import adapter_shim
+    from lmcache_ascend.planning.planner import build_plan
+    from lmcache_ascend.planning.settings import AscendConfig
+    from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
+
+    connector = adapter_shim.adapter_connector(engine)
+    groups = vllm_layout.scheduler_groups(kv_cache_config)
+    if len(groups) != 1:
+        raise ValueError(
+            f"{adapter_shim.ROUTE} serves models with one KV cache group; this one has "
+            f"{len(groups)} ({[g.spec_name for g in groups]}). Use {adapter_shim.DYNAMIC} "
+            "(kv_connector_module_path lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1), "
+            "which keeps vLLM's hybrid KV cache manager on"
+        )
+    plan = build_plan(
+        kv_caches,
+        groups,
+        int(config.chunk_size),
+        AscendConfig.from_lmcache(config),
+        wiring.worker_layout_hints(kv_cache_config),
+    )
+    transfer = ChunkTransfer(plan, kv_device=wiring.kv_device(kv_caches), kv_caches=kv_caches)
+    connector.bind(plan.chunk_bytes, transfer.store, transfer.load, groups[0].block_size)
+    adapter_shim.prepare_engine(engine, connector, plan.layout_fingerprint)
+    logger.info("lmcache-ascend adapter plan:\n%s", plan.describe())
+    wiring.log_copy_threads(transfer)
+
+
+STEPS = route_registry.AdapterRoute(prepare=prepare, install_shutdown=install_shutdown, bind=bind)
+
+
+def register() -> None:
+    """Hands these steps to the bridge's patch of LMCache's adapter."""
+    route_registry.register(STEPS)
