@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lmcache_ascend"
 LOWER = ("lmcache_bridge", "planning", "transfer")
