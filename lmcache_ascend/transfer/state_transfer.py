@@ -57,6 +57,15 @@ def _elements(seg: SnapshotSegment, parts: Sequence[int], entry: Any) -> tuple[_
                 "is not contiguous"
             )
         sizes.append(t[0].numel() * t.element_size())
+    # One raw page view per layer, padded past the state: vLLM 0.27.1/0.28
+    # register Mamba layers as [num_blocks, 1, 1, page_size_bytes] int8
+    # (v1/worker/gpu_model_runner.py, initialize_kv_cache_tensors), where
+    # page_size_bytes is the hybrid page (MambaSpec.page_size_padded) and the
+    # state parts sit packed from the page's first byte, in the spec's order
+    # (model_executor/layers/mamba/abstract.py, MambaBase.bind_kv_cache).
+    # Only those leading bytes are state; the rest is never read or written.
+    if len(sizes) == 1 and sizes[0] > seg.nbytes:
+        sizes = [seg.nbytes]
     # One raw view of the whole state, or one view per state part (conv,
     # SSM) of the sizes vLLM's spec gives, in the spec's order.
     if sum(sizes) != seg.nbytes or (len(sizes) > 1 and list(sizes) != list(parts)):

@@ -193,17 +193,28 @@ def _typed_views(layers: int) -> tuple[list[torch.Tensor], dict[str, list[torch.
     return raws, out
 
 
+def _padded_page_views(layers: int) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """vLLM 0.27.1 / 0.28: per layer one int8 [blocks, 1, 1, padded page] view
+    of its own raw tensor (v1/worker/gpu_model_runner.py,
+    initialize_kv_cache_tensors); the state parts are packed from the page's
+    first byte (model_executor/layers/mamba/abstract.py, bind_kv_cache)."""
+    raws, _ = _typed_views(layers)
+    return raws, {f"model.layers.{i}.linear_attn": r.view(NUM_BLOCKS, 1, 1, PAGE) for i, r in enumerate(raws)}
+
+
 def _layer_block_bytes(raw: torch.Tensor, block: int) -> bytes:
     return bytes(raw.view(torch.uint8)[block * PAGE : block * PAGE + LAYER_BYTES].numpy())
 
 
-@pytest.mark.parametrize("form", ["raw", "typed"])
+@pytest.mark.parametrize("form", ["raw", "typed", "padded"])
 def test_snapshot_round_trip_writes_both_targets_and_nothing_else(form):
     facts, groups = qwen3_next()
     layout = snapshot_layout(facts, groups, B)
     if form == "raw":
         buf, kv = _raw_page_views(3)
         raws = [buf] * 3  # one shared buffer, the layers' pages interleave by block id
+    elif form == "padded":
+        raws, kv = _padded_page_views(3)
     else:
         raws, kv = _typed_views(3)
     transfer = StateTransfer(layout, kv)
@@ -239,8 +250,9 @@ def test_snapshot_round_trip_writes_both_targets_and_nothing_else(form):
 
 
 def test_snapshots_of_both_forms_are_byte_identical():
-    """The same state in 0.26's typed views and in 0.32's raw views gives
-    the same snapshot bytes (conv state, then SSM state, per layer)."""
+    """The same state in 0.26's typed views, 0.27.1's padded page views and
+    0.32's raw views gives the same snapshot bytes (conv state, then SSM
+    state, per layer)."""
     facts, groups = qwen3_next()
     layout = snapshot_layout(facts, groups, B)
     raws, typed = _typed_views(3)
@@ -251,10 +263,15 @@ def test_snapshots_of_both_forms_are_byte_identical():
         buf.view(torch.uint8)[b * PAGE : b * PAGE + LAYER_BYTES] = r.view(torch.uint8)[PAGE : PAGE + LAYER_BYTES]
     size = layout.pieces * PAGE
     a, b = torch.zeros(size, dtype=torch.uint8), torch.ones(size, dtype=torch.uint8)
+    c = torch.full((size,), 7, dtype=torch.uint8)
+    # 0.27.1 / 0.28's padded page views of the very raw tensors 0.26's typed
+    # views slice.
+    padded = {name: r.view(NUM_BLOCKS, 1, 1, PAGE) for name, r in zip(typed, raws)}
     for k in range(layout.pieces):
         StateTransfer(layout, typed).gather(a[k * PAGE : (k + 1) * PAGE], k, {0: 1, 1: 1, 2: 1})
         StateTransfer(layout, raw_kv).gather(b[k * PAGE : (k + 1) * PAGE], k, raw_blocks)
-    assert torch.equal(a, b)
+        StateTransfer(layout, padded).gather(c[k * PAGE : (k + 1) * PAGE], k, {0: 1, 1: 1, 2: 1})
+    assert torch.equal(a, b) and torch.equal(a, c)
 
 
 def test_null_block_and_mismatched_tensors_are_refused():
