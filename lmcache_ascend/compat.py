@@ -76,7 +76,7 @@ VLLM_SERIES: dict[tuple[int, int], VllmFeatures] = {
 }
 # LMCache releases every LMCache patch of this package was verified on
 # (lmcache_ascend.lmcache_bridge applies them only there).
-LMCACHE_VERSIONS: tuple[str, ...] = ("0.5.6",)
+LMCACHE_VERSIONS: tuple[str, ...] = ("0.5.6", "0.5.7rc2")
 
 
 class UnsupportedVersionError(RuntimeError):

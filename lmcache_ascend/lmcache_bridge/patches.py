@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType, ModuleType
 from typing import Callable, Mapping
 
-from lmcache_ascend.compat import supported_text
+from lmcache_ascend.compat import supported_text, untested_allowed
 from lmcache_ascend.lmcache_bridge import lmcache_modules
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,12 @@ def apply(patch: Patch, module: ModuleType) -> bool:
     with _lock:
         if patch.name in _applied:
             return True
-        if version not in patch.verified_on:
+        if version not in patch.verified_on and untested_allowed():
+            # The user opted into an untested release (compat's policy):
+            # patch it, since the connector relies on these patches; compat
+            # has already logged the one warning.
+            logger.info("lmcache-ascend: patching LMCache %s (untested, opted in): %s", version, patch.name)
+        elif version not in patch.verified_on:
             if not _refused:
                 logger.warning(
                     "lmcache-ascend: LMCache %s is not a release its patches were verified on "

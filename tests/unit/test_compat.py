@@ -102,9 +102,10 @@ def test_installed_stack_is_supported():
     assert compat.installed_lmcache_version() in compat.LMCACHE_VERSIONS
 
 
-def test_unverified_lmcache_release_is_left_unpatched():
+def test_unverified_lmcache_release_is_left_unpatched_unless_opted_in():
     """On an LMCache release the patches were not verified on, importing
-    LMCache's patched modules changes nothing and one warning says so."""
+    LMCache's patched modules changes nothing and one warning says so,
+    unless the user opted into untested releases."""
     code = (
         "import lmcache_ascend.lmcache_bridge.lmcache_modules as m  # reads the release once\n"
         "m.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n"
@@ -113,10 +114,15 @@ def test_unverified_lmcache_release_is_left_unpatched():
         "print('KEYS', 'ascend_bundle_multi_spec' in cfg._CONFIG_DEFINITIONS)\n"
         "print('SHIELD', getattr(pq.AsyncPQExecutor, '_lmcache_ascend_shielded', False))\n"
     )
-    out = _fresh(code)
+    out = _fresh(code, **{compat.ALLOW_UNTESTED_ENV: ""})
     assert out.returncode == 0, out.stderr[-3000:]
     assert "KEYS False" in out.stdout and "SHIELD False" in out.stdout
     assert out.stderr.count("is not a release its patches were verified on") == 1
+    # Opted into untested releases: the connector relies on the patches, so
+    # they are applied (compat has logged the one warning at startup).
+    opted = _fresh(code, **{compat.ALLOW_UNTESTED_ENV: "1"})
+    assert "KEYS True" in opted.stdout and "SHIELD True" in opted.stdout, opted.stderr[-3000:]
+    assert "is not a release its patches were verified on" not in opted.stderr
     # The same import on the verified release patches both.
     code_ok = code.replace("m.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n", "")
     ok = _fresh(code_ok)
