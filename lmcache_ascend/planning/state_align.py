@@ -1,7 +1,7 @@
 """Exact prefix hits for Mamba / GDN hybrids under vLLM's "align" cache mode.
 
-What vLLM does in align mode (0.23, 0.26, 0.32; read in their source and
-run on 0.26 and 0.32: tests/integration/test_mamba_hits.py):
+What vLLM does in align mode (0.23, 0.26, 0.32 read in their source; run on
+0.26, 0.27.1, 0.29, 0.30 and 0.32: tests/integration/test_mamba_hits.py):
 
 * A Mamba group has the attention block size B. The model keeps one
   *running* state block per request, at block index ``cdiv(end, B) - 1``;
