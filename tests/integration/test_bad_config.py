@@ -257,9 +257,10 @@ def test_bad_config_is_refused_clearly(probe, name):
 @pytest.mark.compat
 def test_answers_to_vllms_connector_questions(probe):
     """A best-effort cache whose stores finish inside their step has nothing
-    pending at a preemption (vLLM 0.27.1+ would otherwise recompute every
-    preempted request for kv_both), and sleep mode is refused (vLLM 0.33+
-    asks, older ones are refused by the connector itself)."""
+    pending at a preemption (with vLLM 0.27.1+'s kv_both default, a
+    preempted request's in-flight output would be dropped and recomputed),
+    and sleep mode is refused (vLLM 0.33+ asks, older ones are refused by
+    the connector itself)."""
     res = probe["results"]["defaults"]
     assert res["requires_kv_delivery"] is False and res["supports_sleep_mode"] is False, res
     # vLLM's own default for this kv_both connector, where vLLM asks at all
