@@ -190,12 +190,6 @@ def _lmcache_release(version: str) -> Optional[Version]:
         return None
 
 
-def lmcache_supported(version: Optional[str] = None) -> bool:
-    """Whether ``version`` (default: the installed one) is a tested LMCache."""
-    version = version if version is not None else installed_lmcache_version()
-    return version in LMCACHE_VERSIONS
-
-
 @functools.lru_cache(maxsize=None)
 def _check_lmcache(version: Optional[str], allow_untested: bool) -> None:
     if version in LMCACHE_VERSIONS:
