@@ -33,8 +33,13 @@ logger = logging.getLogger(__name__)
 
 # Bytes after the payload: crc32 of the payload, then a magic tag that says
 # the checksum was written (a chunk stored without checksums has zeros).
+# "LMCK": the crc is seeded with the chunk's key (its prefix hash), so a
+# well-formed chunk stored under another key (another prompt's chunk copied
+# over, a foreign writer) is refused too; "LMCA": payload only (chunks
+# stored without a known key, e.g. through LMCache's own adapter).
 TRAILER_BYTES = 8
 _MAGIC = b"LMCA"
+_MAGIC_KEYED = b"LMCK"
 
 
 def buffer_shape(chunk_bytes: int, chunk_size: int) -> torch.Size:
@@ -103,6 +108,12 @@ class TransferContext:
     block_ids: tuple[tuple[int, ...], ...]
     outcome: LoadOutcome = dataclasses.field(default_factory=LoadOutcome)
     state: Optional[StatePieces] = None
+    # Token start -> the chunk's key identity (LMCache's chunk hash), which
+    # seeds its checksum; starts missing here get a payload-only checksum.
+    chunk_ids: Mapping[int, int] = dataclasses.field(default_factory=dict)
+    # The chunks were verified when the lookup staged them (staging.py):
+    # their checksums are not computed a second time.
+    verified: bool = False
 
     def state_piece(self, start: int, chunk_size: int) -> Optional[int]:
         """Index of the state piece at token ``start``, or None for a KV chunk."""
@@ -115,9 +126,10 @@ class ChunkCorrupted(RuntimeError):
     """A chunk whose bytes do not match the checksum written at store time."""
 
 
-def _crc(payload: torch.Tensor) -> int:
+def _crc(payload: torch.Tensor, ident: Optional[int] = None) -> int:
     # zlib releases the GIL on large buffers and runs at several GB/s.
-    return zlib.crc32(memoryview(payload.numpy()))
+    seed = 0 if ident is None else zlib.crc32(str(ident).encode())
+    return zlib.crc32(memoryview(payload.numpy()), seed)
 
 
 class PagedChunkConnector(GPUConnectorInterface):
@@ -150,17 +162,23 @@ class PagedChunkConnector(GPUConnectorInterface):
     def get_shape(self, num_tokens: int) -> torch.Size:
         return buffer_shape(self.chunk_bytes, self.chunk_size)
 
-    def _seal(self, buf: torch.Tensor) -> None:
+    def _seal(self, buf: torch.Tensor, ident: Optional[int] = None) -> None:
         if not self.trailer_bytes:
             return
         trailer = buf[self.chunk_bytes : self.chunk_bytes + TRAILER_BYTES]
         if self.checksums:
-            crc = _crc(buf[: self.chunk_bytes])
-            trailer.copy_(torch.frombuffer(bytearray(struct.pack("<I", crc) + _MAGIC), dtype=torch.uint8))
+            crc = _crc(buf[: self.chunk_bytes], ident)
+            magic = _MAGIC if ident is None else _MAGIC_KEYED
+            trailer.copy_(torch.frombuffer(bytearray(struct.pack("<I", crc) + magic), dtype=torch.uint8))
         else:
             trailer.zero_()
 
-    def _verify(self, buf: torch.Tensor, start: int) -> None:
+    def verify(self, memory_obj: MemoryObj, start: int, ident: Optional[int] = None) -> None:
+        """Raise ``ChunkCorrupted`` unless ``memory_obj`` holds a whole chunk
+        sealed for the key ``ident`` (see ``_verify``)."""
+        self._verify(self._buffer(memory_obj), start, ident)
+
+    def _verify(self, buf: torch.Tensor, start: int, ident: Optional[int] = None) -> None:
         """Refuse a chunk whose size or checksum is wrong, before any byte
         of it reaches vLLM's KV cache."""
         if buf.numel() < self.chunk_bytes + self.trailer_bytes:
@@ -171,13 +189,17 @@ class PagedChunkConnector(GPUConnectorInterface):
         if not self.checksums:
             return
         trailer = bytes(buf[self.chunk_bytes : self.chunk_bytes + TRAILER_BYTES].numpy())
-        if trailer[4:] != _MAGIC:
+        magic = trailer[4:]
+        if magic not in (_MAGIC, _MAGIC_KEYED):
             raise ChunkCorrupted(f"chunk at token {start}: no checksum trailer")
+        if magic == _MAGIC_KEYED and ident is None:
+            raise ChunkCorrupted(f"chunk at token {start}: sealed for a key, loaded without one")
         (want,) = struct.unpack("<I", trailer[:4])
-        got = _crc(buf[: self.chunk_bytes])
+        got = _crc(buf[: self.chunk_bytes], ident if magic == _MAGIC_KEYED else None)
         if got != want:
             raise ChunkCorrupted(
-                f"chunk at token {start}: checksum {got:#010x} != stored {want:#010x}"
+                f"chunk at token {start}: checksum {got:#010x} != stored {want:#010x} "
+                "(damaged, or another chunk's bytes under this key)"
             )
 
     @staticmethod
@@ -217,7 +239,7 @@ class PagedChunkConnector(GPUConnectorInterface):
                 piece = ctx.state_piece(start, self.chunk_size)
                 if piece is not None:
                     ctx.state.store_piece(buf[: self.chunk_bytes], piece)
-                    self._seal(buf)
+                    self._seal(buf, ctx.chunk_ids.get(start))
                     continue
                 result = self._store(buf, ChunkRequest(start, end, ctx.block_ids))
                 if getattr(result, "stored", True) is False:
@@ -226,7 +248,7 @@ class PagedChunkConnector(GPUConnectorInterface):
                         f"request {ctx.req_id}: chunk at token {start} has groups without "
                         f"real blocks ({getattr(result, 'incomplete', ())}); not stored"
                     )
-                self._seal(buf)
+                self._seal(buf, ctx.chunk_ids.get(start))
         except BaseException:
             # LMCache's store() drops the batch without freeing it on an
             # exception: return the buffers to its allocator here.
@@ -255,7 +277,8 @@ class PagedChunkConnector(GPUConnectorInterface):
                 continue
             try:
                 buf = self._buffer(obj)
-                self._verify(buf, start)
+                if not ctx.verified:
+                    self._verify(buf, start, ctx.chunk_ids.get(start))
                 piece = ctx.state_piece(start, self.chunk_size)
                 if piece is not None:
                     ctx.state.load_piece(buf[: self.chunk_bytes], piece)

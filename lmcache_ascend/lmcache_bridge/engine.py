@@ -14,6 +14,7 @@ never vLLM.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -25,6 +26,7 @@ import torch
 from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext
 from lmcache_ascend.lmcache_bridge.resources import bounded_close, detach_remote_backends
+from lmcache_ascend.lmcache_bridge.staging import Claim, LookupStaging, StagingCounts
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +63,18 @@ class EngineSpec:
     world_size: int
     chunk_size: int
     extra_config: Mapping[str, Any]
+    # Every TP rank holds the same bytes (planning/replication.py): chunk
+    # keys then carry world size 1 and worker 0 on every rank, so they do not
+    # depend on the TP size or the rank, and any rank (of any TP size) finds
+    # a chunk another stored in a shared backend.
+    replicated: bool = False
+
+    def key_metadata(self, metadata: ChunkBufferMetadata) -> ChunkBufferMetadata:
+        """The metadata LMCache's token database makes chunk keys from (and
+        only that: lookup sockets and ranks keep ``metadata``'s own)."""
+        if not self.replicated:
+            return metadata
+        return dataclasses.replace(metadata, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0)
 
     def metadata(self, role: str, chunk_bytes: int = 0, num_layers: int = 1) -> ChunkBufferMetadata:
         return ChunkBufferMetadata(
@@ -175,12 +189,18 @@ _engine_lock = threading.Lock()
 
 class WorkerEngine:
     """This worker's LMCache engine (with ``connector`` as its GPU connector)
-    and the lookup server the scheduler's client asks."""
+    and the lookup server the scheduler's client asks. Its lookups stage
+    what they report (``staging.py``); loads copy from what was staged."""
 
-    def __init__(self, engine: Any, server: Any, instance_id: str) -> None:
+    def __init__(
+        self, engine: Any, server: Any, instance_id: str, staging: Optional[LookupStaging] = None,
+        connector: Any = None,
+    ) -> None:
         self.engine = engine
+        self.connector = connector
         self._server = server
         self.instance_id = instance_id
+        self.staging = staging
         self._closed = False
 
     @classmethod
@@ -202,19 +222,70 @@ class WorkerEngine:
             engine = builder.get_or_create(
                 instance_id, lmcache_config, metadata, connector, _broadcast_noop, _broadcast_object_noop
             )
+            engine.token_database.metadata = spec.key_metadata(metadata)
             engine.post_init()
             prepare_token_database(engine, spec.chunk_size, "worker")
+            # Before the lookup server exists: every lookup it answers stages.
+            staging = LookupStaging(engine, connector.verify).install()
         server = factory.create_lookup_server(engine, metadata)
-        return cls(engine, server, instance_id)
+        return cls(engine, server, instance_id, staging, connector)
+
+    def chunk_ids(self, tokens: torch.Tensor) -> dict[int, int]:
+        """Token start -> LMCache chunk hash of every chunk of ``tokens``
+        (memoized prefix hashes): what each chunk's checksum is bound to."""
+        return {
+            start: key.chunk_hash
+            for start, end, key in self.engine.token_database.process_tokens(tokens=tokens)
+            if end > start
+        }
 
     def retrieve(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> torch.Tensor:
+        """LMCache's own retrieve: reads the store again (used only when no
+        staged chunks exist for the load)."""
+        ctx = dataclasses.replace(ctx, chunk_ids=self.chunk_ids(tokens))
         return self.engine.retrieve(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
 
     def store(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> None:
+        ctx = dataclasses.replace(ctx, chunk_ids=self.chunk_ids(tokens))
         self.engine.store(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
 
-    def unpin(self, req_id: str) -> None:
-        self.engine.lookup_unpin(req_id)
+    def claim(self, lookup_id: str) -> Optional[Claim]:
+        """What ``lookup_id``'s lookup staged, or None (nothing staged)."""
+        return self.staging.claim(lookup_id) if self.staging is not None else None
+
+    def load_claim(self, claim: Claim, first: int, end: int, ctx: TransferContext) -> int:
+        """Copies the claimed chunks covering [``first``, ``end``) into vLLM's
+        KV cache through the chunk connector (verified at lookup: not
+        checked again). Returns where the contiguous run from ``first``
+        ends; ``ctx.outcome`` says what the copies did."""
+        objs, starts, ends = [], [], []
+        pos = first
+        for chunk in claim.chunks:
+            if chunk.end <= first:
+                continue
+            if chunk.start != pos or chunk.end > end:
+                break
+            objs.append(chunk.obj)
+            starts.append(chunk.start)
+            ends.append(chunk.end)
+            pos = chunk.end
+        if objs:
+            ids = {c.start: c.ident for c in claim.chunks}
+            ctx = dataclasses.replace(ctx, chunk_ids=ids, verified=True)
+            self.connector.batched_to_gpu(objs, starts, ends, lmcache_ascend_ctx=ctx)
+        return pos
+
+    def release_claim(self, claim: Claim) -> None:
+        if self.staging is not None:
+            self.staging.release_claim(claim)
+
+    def take_counts(self) -> StagingCounts:
+        return self.staging.take_counts() if self.staging is not None else StagingCounts()
+
+    def unpin(self, lookup_id: str) -> None:
+        if self.staging is not None:
+            self.staging.release(lookup_id)
+        self.engine.lookup_unpin(lookup_id)
 
     def close(self) -> None:
         if self._closed:
@@ -224,6 +295,8 @@ class WorkerEngine:
 
         if self._server is not None:
             bounded_close("lookup server", self._server.close)
+        if self.staging is not None:
+            self.staging.close()
         bounded_close("remote backends", lambda: detach_remote_backends(self.engine))
         bounded_close("LMCache engine", lambda: builder.destroy(self.instance_id))
 

@@ -75,6 +75,9 @@ class _Engine:
         ret = torch.ones(len(tokens), dtype=torch.bool)
         return ret
 
+    def claim(self, lookup_id):
+        return None  # nothing staged: the load goes through retrieve
+
     def unpin(self, req_id):
         self.unpinned.append(req_id)
 
@@ -97,6 +100,7 @@ def test_checksum_and_copy_failures_are_exported_counters():
     half.start_load(StepTransfers((req,)))
     delta = half.take_stats()
     assert delta["checksum_failures"] == 1 and delta["load_errors"] == 1
+    assert delta["unstaged_loads"] == 1  # counted, so a fallback read is never silent
     assert delta["loaded_tokens"] == CHUNK
     # The blocks of the chunk that failed go back to vLLM for recomputation.
     assert half.take_load_errors() == {2}

@@ -100,6 +100,9 @@ class SchedulerHalf:
         # load, and the missed ones, whose pins the worker drops next step.
         self._lookup_ids: dict[str, str] = {}
         self._unpin: list[str] = []
+        # Requests whose own lookup (id = request id) found chunks: the
+        # worker holds them staged until a load or an unpin releases them.
+        self._staged: set[str] = set()
         self._probe_seq = 0
         # Groups whose state we cannot restore at a chunk boundary: any hit
         # would leave them stale, so hits are refused (outputs stay exact).
@@ -162,6 +165,8 @@ class SchedulerHalf:
             if found is None:
                 self._lookup_failed(view.req_id)
                 found = 0
+            if found:
+                self._staged.add(view.req_id)
             hit = int(found)
             hit = min(hit - hit % self.chunk_size, limit)
         self._hits[view.req_id] = hit
@@ -205,6 +210,11 @@ class SchedulerHalf:
         if lookup_id is not None:
             self._unpin.append(lookup_id)
 
+    def _release_staged(self, req_id: str) -> None:
+        if req_id in self._staged:
+            self._staged.discard(req_id)
+            self._unpin.append(req_id)
+
     def _lookup_failed(self, req_id: str) -> None:
         self.stats.lookup_failures += 1
         n = self.stats.lookup_failures
@@ -221,7 +231,10 @@ class SchedulerHalf:
         if num_external_tokens <= 0:
             self._pending_loads.pop(req_id, None)
             self._release_lookup(req_id)
+            self._release_staged(req_id)
             return
+        # The load releases what the lookup staged.
+        self._staged.discard(req_id)
         hit = self._hits.get(req_id, 0)
         skip = hit - num_external_tokens
         if skip < 0:
@@ -363,6 +376,7 @@ class SchedulerHalf:
 
     def _forget(self, req_id: str) -> None:
         self._release_lookup(req_id)
+        self._release_staged(req_id)
         pending = self._pending_loads.get(req_id)
         if pending is not None and pending.lookup_id is not None:
             self._unpin.append(pending.lookup_id)

@@ -59,6 +59,10 @@ class WorkerCounters(_Counters):
     store_seconds: float = 0.0
     store_failures: int = 0
     skipped_incomplete_chunks: int = 0
+    unreadable_chunks: int = 0
+    quarantine_skips: int = 0
+    staged_chunks: int = 0
+    unstaged_loads: int = 0
 
 
 COUNTER_NAMES = tuple(f.name for c in (SchedulerCounters, WorkerCounters) for f in fields(c))
@@ -104,13 +108,19 @@ _DOCS = {
     "loaded_bytes": "Bytes copied from LMCache into vLLM's KV cache.",
     "load_seconds": "Seconds spent loading KV from LMCache.",
     "load_errors": "Loads that failed or were partial (recomputed by vLLM).",
-    "checksum_failures": "Chunks refused because their checksum did not match (never copied into vLLM).",
+    "checksum_failures": "Chunks refused because their size or checksum did not match (damaged, truncated, "
+    "foreign; never copied into vLLM).",
     "failed_chunk_loads": "Chunks whose copy into vLLM's KV cache raised (recomputed by vLLM).",
     "stored_tokens": "Tokens whose KV was stored into LMCache.",
     "stored_bytes": "Bytes copied from vLLM's KV cache into LMCache.",
     "store_seconds": "Seconds spent storing KV into LMCache.",
     "store_failures": "Store calls that failed (the request continued).",
     "skipped_incomplete_chunks": "Chunks not stored because a needed block was vLLM's null block.",
+    "unreadable_chunks": "Chunks a backend listed but that could not be read at lookup (deleted, undecodable, "
+    "backend down or stalled); served as misses.",
+    "quarantine_skips": "Lookups cut short at a chunk refused earlier (skipped for a while, not read again).",
+    "staged_chunks": "Chunks read from disk or remote storage and verified by the lookup that reported them.",
+    "unstaged_loads": "Loads with no chunks staged by their lookup (read through LMCache's retrieve instead).",
 }
 
 

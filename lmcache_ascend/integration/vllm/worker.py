@@ -113,7 +113,15 @@ class WorkerHalf:
         return ", ".join(f"g{g}={chunks * n}B" for g, n in sorted(self.group_bytes.items())) or "-"
 
     def take_stats(self) -> dict[str, float]:
-        """Counter changes since the previous call (vLLM's stats hooks)."""
+        """Counter changes since the previous call (vLLM's stats hooks),
+        with what this worker's lookups refused."""
+        take = getattr(self.engine, "take_counts", None)
+        if callable(take):
+            counts = take()
+            self.stats.checksum_failures += counts.checksum_failures
+            self.stats.unreadable_chunks += counts.unreadable_chunks
+            self.stats.quarantine_skips += counts.quarantine_skips
+            self.stats.staged_chunks += counts.staged_chunks
         return self.stats.take()
 
     def close(self) -> None:
@@ -166,11 +174,19 @@ class WorkerHalf:
         )
         t0 = time.perf_counter()
         loaded_end = skip_aligned
+        claim = None
         try:
-            ret = self.engine.retrieve(tokens, mask, ctx)
-            got = ret[skip_aligned : spec.hit_tokens]
-            # Retrieved chunks form a prefix of the requested range.
-            loaded_end = skip_aligned + (int(got.long().cumprod(0).sum()) if got.numel() else 0)
+            claim = self.engine.claim(lookup_id)
+            if claim is not None:
+                # The lookup read and verified these chunks and holds them:
+                # the store is not read again, so it cannot fail us now.
+                loaded_end = min(self.engine.load_claim(claim, skip_aligned, len(ids), ctx), spec.hit_tokens)
+            else:
+                self._unstaged_load(req.req_id, lookup_id)
+                ret = self.engine.retrieve(tokens, mask, ctx)
+                got = ret[skip_aligned : spec.hit_tokens]
+                # Retrieved chunks form a prefix of the requested range.
+                loaded_end = skip_aligned + (int(got.long().cumprod(0).sum()) if got.numel() else 0)
             if ctx.outcome.failed_from is not None:
                 loaded_end = min(loaded_end, ctx.outcome.failed_from)
             if state is not None and ctx.outcome.state_pieces < self.state.layout.pieces:
@@ -194,6 +210,8 @@ class WorkerHalf:
             loaded_end = skip_aligned if state is not None else loaded_end
         finally:
             try:
+                if claim is not None:
+                    self.engine.release_claim(claim)
                 self.engine.unpin(lookup_id)
             except Exception:  # noqa: BLE001
                 logger.exception("lmcache-ascend: unpinning %s failed", lookup_id)
@@ -238,6 +256,20 @@ class WorkerHalf:
             loaded,
             dt,
         )
+
+    def _unstaged_load(self, req_id: str, lookup_id: str) -> None:
+        """A load whose lookup staged nothing here (its answer came from
+        another path, or the staging expired): LMCache's retrieve reads the
+        store again, which can fail. Logged once, then counted."""
+        self.stats.unstaged_loads += 1
+        if self.stats.unstaged_loads == 1:
+            logger.warning(
+                "lmcache-ascend: request %s: no chunks staged for lookup %s; loading through "
+                "LMCache's retrieve (reads the store again; a failure there is reported to vLLM). "
+                "Counted as unstaged_loads.",
+                req_id,
+                lookup_id,
+            )
 
     def take_load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
@@ -316,11 +348,28 @@ class WorkerHalf:
             runs.append((run_start, req.store.end))
         return runs
 
+    # Set by wiring for a replicated cache in a shared backend
+    # (integration/vllm/parallel.py): this rank stores only its stripe.
+    stripe: Any = None
+
+    def _stripe_runs(self, runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The parts of ``runs`` this rank stores: every chunk without a
+        stripe, else the chunks whose index (from the prompt's start) is this
+        rank's. Another rank stores the others under the same keys."""
+        if self.stripe is None:
+            return runs
+        out = []
+        for start, end in runs:
+            for s in range(start, end, self.chunk_size):
+                if self.stripe.owns(s // self.chunk_size):
+                    out.append((s, min(end, s + self.chunk_size)))
+        return out
+
     def _store_one(self, req: RequestTransfer) -> None:
         ctx = TransferContext(req_id=req.req_id, block_ids=req.block_ids)
         t0 = time.perf_counter()
         stored = 0
-        for start, end in self._complete_runs(req):
+        for start, end in self._stripe_runs(self._complete_runs(req)):
             tokens = torch.tensor(req.token_ids[:end], dtype=torch.long)
             mask = torch.ones(end, dtype=torch.bool)
             mask[:start] = False

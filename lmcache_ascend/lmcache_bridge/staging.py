@@ -1,0 +1,381 @@
+"""Verify before promising: the lookup stages the chunks it reports.
+
+vLLM cannot recover from a failed load on models with several KV cache
+groups (0.23-0.29 crash in the invalid-block path, 0.30 recomputes the whole
+request, 0.32 raises), and on one-group models a failed load still costs a
+recomputation. A load fails when an entry the lookup saw is damaged,
+truncated, foreign, undecodable, deleted, or its backend dies or stalls
+before the load. So the lookup itself reads every chunk it is about to
+report, verifies it (size, and with checksums on the crc seeded with the
+chunk's key: ``chunk_io``), and holds a reference to it in this process until
+the load copies it or the scheduler lets the request go. It reports only the
+prefix of chunks that verified; a chunk that did not is counted, logged once
+with its key and reason, removed where the backend can remove it, and
+skipped by later lookups for ``QUARANTINE_S`` (a remote entry is overwritten
+by the store of the request that recomputes it).
+
+After a lookup answered N tokens, nothing between it and the load touches the
+store: the load copies from the held objects (``claim``/``release_claim``).
+
+The lookup runs in LMCache's lookup-server thread of the worker process (or
+in the scheduler's, with the bypass lookup client); claims and releases run
+in the worker's thread. One lock guards the bookkeeping; reads from the
+backends run outside it. Imports LMCache, never vLLM.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+# How long a refused chunk is skipped by this process's lookups: long enough
+# for the recomputing request's store to overwrite it, short enough that an
+# entry another instance writes again is used again soon.
+QUARANTINE_S = 120.0
+# At most this many refused keys are remembered (oldest forgotten first).
+QUARANTINE_MAX = 4096
+# Staged chunks no load claimed within this time are released (a lookup whose
+# answer never reached the scheduler: its RPC timed out).
+STAGE_TTL_S = 300.0
+
+LOCAL_CPU = "LocalCPUBackend"
+# Backends whose entries were written by this process's own allocator and
+# never left it: no checksum to verify (LMCache's CPU cache, or a verified
+# chunk written back to it).
+_TRUSTED = (LOCAL_CPU,)
+
+
+@dataclass
+class StagingCounts:
+    """What the lookups refused since the last ``take_counts``."""
+
+    checksum_failures: int = 0  # damaged, truncated, foreign: refused by verification
+    unreadable_chunks: int = 0  # listed by a backend but could not be read
+    quarantine_skips: int = 0  # lookups cut short at a chunk refused earlier
+    staged_chunks: int = 0  # chunks read from disk or remote and verified at lookup
+
+    def add(self, other: "StagingCounts") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class _Entry:
+    obj: Any  # LMCache MemoryObj; one reference held by the staging
+    holders: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class StagedChunk:
+    start: int
+    end: int
+    ident: int  # the chunk's key identity (LMCache chunk hash)
+    obj: Any
+
+
+@dataclass
+class Claim:
+    """The chunks one lookup staged, held for the load until released."""
+
+    token: int
+    keys: tuple[Any, ...]
+    chunks: tuple[StagedChunk, ...]
+
+
+@dataclass
+class _Registration:
+    token: int
+    keys: tuple[Any, ...]
+    chunks: tuple[StagedChunk, ...]
+    at: float
+
+
+class LookupStaging:
+    """Replaces ``engine.lookup`` (``install``) with a staging lookup."""
+
+    def __init__(
+        self,
+        engine: Any,
+        verify: Callable[[Any, int, Optional[int]], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``verify(memory_obj, start, ident)`` raises on a chunk that must
+        not be loaded (``PagedChunkConnector.verify``)."""
+        self._engine = engine
+        self._verify = verify
+        self._clock = clock
+        self._original_lookup = engine.lookup
+        self._lock = threading.Lock()
+        self._entries: dict[Any, _Entry] = {}
+        self._registrations: dict[str, _Registration] = {}
+        self._quarantine: "OrderedDict[Any, float]" = OrderedDict()
+        self._tokens = itertools.count(1)
+        self._counts = StagingCounts()
+
+    def install(self) -> "LookupStaging":
+        # An instance attribute: LMCache's lookup server (and the bypass
+        # client) call ``engine.lookup(..., lookup_id=..., pin=True)``.
+        self._engine.lookup = self.lookup
+        return self
+
+    # ---- lookup (lookup-server thread) ------------------------------------
+
+    def lookup(
+        self,
+        tokens: Any = None,
+        hashes: Optional[list] = None,
+        offsets: Optional[list] = None,
+        search_range: Optional[list] = None,
+        lookup_id: Optional[str] = None,
+        pin: bool = False,
+        request_configs: Optional[dict] = None,
+    ) -> int:
+        if not pin or lookup_id is None:
+            # Not a scheduler lookup (nothing will be loaded for it).
+            return self._original_lookup(
+                tokens=tokens, hashes=hashes, offsets=offsets, search_range=search_range,
+                lookup_id=lookup_id, pin=pin, request_configs=request_configs,
+            )
+        engine = self._engine
+        if not engine.is_healthy():
+            logger.warning("LMCache is unhealthy, skipping lookup operation")
+            return 0
+        n_tokens = len(tokens) if tokens is not None else sum(offsets or ())
+        lookup_stats = engine.stats_monitor.on_lookup_request(n_tokens)
+        found = 0
+        try:
+            chunks = [
+                (start, end, key)
+                for start, end, key in engine.token_database.process_tokens(
+                    tokens=tokens, hashes=hashes, offsets=offsets, request_configs=request_configs
+                )
+                if end > start
+            ]
+            staged = self._stage(lookup_id, chunks, search_range)
+            found = staged[-1].end if staged else 0
+            return found
+        finally:
+            engine.stats_monitor.on_lookup_finished(lookup_stats, found)
+
+    def _stage(self, lookup_id: str, chunks: Sequence[tuple], search_range: Optional[list]) -> list[StagedChunk]:
+        token = next(self._tokens)
+        now = self._clock()
+        staged: list[StagedChunk] = []
+        with self._lock:
+            self._sweep(now)
+            # Chunks an earlier lookup (this request's, or a Mamba probe's)
+            # holds already are not read again.
+            for start, end, key in chunks:
+                entry = self._entries.get(key)
+                if entry is None:
+                    break
+                entry.holders.add(token)
+                staged.append(StagedChunk(start, end, key.chunk_hash, entry.obj))
+        rest = chunks[len(staged):]
+        fresh = self._read(rest, search_range, now) if rest else []
+        with self._lock:
+            for (_, _, key), chunk in zip(rest, fresh):
+                entry = self._entries.get(key)
+                if entry is None:
+                    self._entries[key] = _Entry(chunk.obj, {token})
+                else:  # staged meanwhile by a concurrent lookup: keep one copy
+                    chunk.obj.ref_count_down()
+                    entry.holders.add(token)
+                    chunk = StagedChunk(chunk.start, chunk.end, chunk.ident, entry.obj)
+                staged.append(chunk)
+            keys = tuple(key for _, _, key in chunks[: len(staged)])
+            old = self._registrations.pop(lookup_id, None)
+            self._registrations[lookup_id] = _Registration(token, keys, tuple(staged), now)
+            if old is not None:
+                self._drop(old.token, old.keys)
+        return staged
+
+    def _read(self, chunks: Sequence[tuple], search_range: Optional[list], now: float) -> list[StagedChunk]:
+        """Reads and verifies the longest prefix of ``chunks`` the backends
+        hold; each returned chunk carries one reference for the staging."""
+        with self._lock:
+            for i, (_, _, key) in enumerate(chunks):
+                if key in self._quarantine:
+                    self._counts.quarantine_skips += 1
+                    chunks = chunks[:i]
+                    break
+        if not chunks:
+            return []
+        manager = self._engine.storage_manager
+        _, mapping = manager.batched_contains([key for _, _, key in chunks], search_range, False)
+        out: list[StagedChunk] = []
+        for location, keys in mapping.items():
+            backend = manager.storage_backends[location]
+            objs = _read_prefix(backend, list(keys))
+            ok_keys, ok_objs = [], []
+            for i, (key, obj) in enumerate(zip(keys, objs)):
+                start, end, _ = chunks[len(out)]
+                reason = None
+                if obj is None and location in _TRUSTED:
+                    # Evicted between contains and get: a race, not bad data.
+                    self._write_back(location, ok_keys, ok_objs)
+                    return out
+                if obj is None:
+                    reason = "listed but could not be read (deleted, evicted, undecodable or timed out)"
+                elif location not in _TRUSTED:
+                    try:
+                        self._verify(obj, start, key.chunk_hash)
+                    except Exception as exc:  # noqa: BLE001 - any refusal is a miss
+                        reason = str(exc)
+                if reason is not None:
+                    self._refuse(key, location, backend, reason, unreadable=obj is None, now=now)
+                    for extra in objs[i:]:
+                        if extra is not None:
+                            extra.ref_count_down()
+                    self._write_back(location, ok_keys, ok_objs)
+                    return out
+                out.append(StagedChunk(start, end, key.chunk_hash, obj))
+                if location not in _TRUSTED:
+                    ok_keys.append(key)
+                    ok_objs.append(obj)
+            self._write_back(location, ok_keys, ok_objs)
+            if len(objs) < len(keys):
+                return out
+        return out
+
+    def _write_back(self, location: str, keys: list, objs: list) -> None:
+        """Verified chunks from disk or remote go to LMCache's CPU cache, as
+        LMCache's own retrieve does (which writes them back unverified)."""
+        if not keys or location in _TRUSTED:
+            return
+        with self._lock:
+            self._counts.staged_chunks += len(keys)
+        local = self._engine.storage_manager.storage_backends.get(LOCAL_CPU)
+        if local is not None and getattr(local, "use_hot", False):
+            local.batched_submit_put_task(keys, objs)
+
+    def _refuse(self, key: Any, location: str, backend: Any, reason: str, unreadable: bool, now: float) -> None:
+        removed = False
+        if location != "RemoteBackend":
+            # LMCache's remote connectors mostly cannot delete (Redis raises
+            # NotImplementedError); the recomputing request overwrites it.
+            try:
+                removed = bool(backend.remove(key))
+            except Exception:  # noqa: BLE001 - removal is best effort
+                removed = False
+        with self._lock:
+            if unreadable:
+                self._counts.unreadable_chunks += 1
+            else:
+                self._counts.checksum_failures += 1
+            self._quarantine[key] = now
+            self._quarantine.move_to_end(key)
+            while len(self._quarantine) > QUARANTINE_MAX:
+                self._quarantine.popitem(last=False)
+        logger.warning(
+            "lmcache-ascend: chunk %s in %s refused at lookup: %s; served as a miss from there "
+            "(vLLM computes it), %s, skipped by this process's lookups for %.0f s",
+            key.to_string() if hasattr(key, "to_string") else key,
+            location,
+            reason,
+            "removed" if removed else "left to be overwritten by the next store",
+            QUARANTINE_S,
+        )
+
+    def _sweep(self, now: float) -> None:
+        """(Lock held.) Forget expired quarantine entries and release
+        registrations no load claimed in time."""
+        while self._quarantine:
+            key, at = next(iter(self._quarantine.items()))
+            if now - at < QUARANTINE_S:
+                break
+            self._quarantine.popitem(last=False)
+        stale = [lid for lid, reg in self._registrations.items() if now - reg.at > STAGE_TTL_S]
+        for lid in stale:
+            reg = self._registrations.pop(lid)
+            self._drop(reg.token, reg.keys)
+        if stale:
+            logger.info(
+                "lmcache-ascend: released the staged chunks of %d lookup(s) no load claimed "
+                "within %.0f s", len(stale), STAGE_TTL_S,
+            )
+
+    def _drop(self, token: int, keys: Sequence[Any]) -> None:
+        """(Lock held.) ``token`` no longer holds ``keys``."""
+        for key in keys:
+            entry = self._entries.get(key)
+            if entry is None:
+                continue
+            entry.holders.discard(token)
+            if not entry.holders:
+                del self._entries[key]
+                entry.obj.ref_count_down()
+
+    # ---- load (worker thread) ---------------------------------------------
+
+    def claim(self, lookup_id: str) -> Optional[Claim]:
+        """The chunks ``lookup_id``'s lookup staged, held until
+        ``release_claim``; a later lookup of the same id cannot drop them."""
+        with self._lock:
+            reg = self._registrations.pop(lookup_id, None)
+        if reg is None:
+            return None
+        return Claim(reg.token, reg.keys, reg.chunks)
+
+    def release_claim(self, claim: Claim) -> None:
+        with self._lock:
+            self._drop(claim.token, claim.keys)
+
+    def release(self, lookup_id: str) -> None:
+        """The scheduler let ``lookup_id`` go without a load."""
+        with self._lock:
+            reg = self._registrations.pop(lookup_id, None)
+            if reg is not None:
+                self._drop(reg.token, reg.keys)
+
+    def take_counts(self) -> StagingCounts:
+        with self._lock:
+            counts, self._counts = self._counts, StagingCounts()
+        return counts
+
+    def held(self) -> int:
+        """Chunks held right now (tests, logs)."""
+        with self._lock:
+            return len(self._entries)
+
+    def close(self) -> None:
+        with self._lock:
+            for entry in self._entries.values():
+                entry.obj.ref_count_down()
+            self._entries.clear()
+            self._registrations.clear()
+
+
+def _read_prefix(backend: Any, keys: list) -> list:
+    """Objects for ``keys`` from ``backend``, cut at the first one that could
+    not be read (a list shorter than ``keys`` or ending in None). A batched
+    read that fails as a whole is retried key by key, so one bad entry does
+    not cost the good ones before it."""
+    try:
+        objs = list(backend.batched_get_blocking(keys))
+    except Exception:  # noqa: BLE001 - e.g. metadata that decodes to nonsense
+        objs = [None]
+    if objs and objs[0] is None and len(keys) > 1:
+        objs = []
+        for key in keys:
+            try:
+                obj = backend.get_blocking(key)
+            except Exception:  # noqa: BLE001
+                obj = None
+            objs.append(obj)
+            if obj is None:
+                break
+    for i, obj in enumerate(objs):
+        if obj is None:
+            for extra in objs[i + 1:]:
+                if extra is not None:
+                    extra.ref_count_down()
+            return objs[: i + 1]
+    return objs
