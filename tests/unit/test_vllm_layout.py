@@ -3,6 +3,7 @@ read into our typed records. Everything here is a real vLLM object."""
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 
 import pytest
@@ -42,6 +43,8 @@ from lmcache_ascend.planning.settings import AscendConfig
 from lmcache_ascend.planning.state_skip import unrestorable_groups
 from fixtures import ascend_layouts as AL
 from fixtures import ascend_specs as A
+from fixtures import ascend_layouts_030 as AL3
+from fixtures import ascend_specs_030 as A3
 
 # tokens_per_state and CircularBufferSpec exist from vLLM 0.29 on; the older
 # series express compression as the MLA specs' compress_ratio (tested above).
@@ -239,22 +242,38 @@ def test_without_vllm_ascend_loaded_block_size_is_tokens_and_the_plan_refuses():
 
 def test_vllm_ascend_0271_and_later_specs_count_tokens_not_rows():
     """vLLM-Ascend 0.27.1rc1 changed AscendMLAAttentionSpec's block_size to
-    tokens (vllm_ascend 0.27.1rc1 sdist, core/kv_cache_interface.py:
-    ``get_storage_block_size`` l.22-30, ``storage_block_size = block_size //
-    compress_ratio`` l.51-53; 0.29.0rc1 the same with tokens_per_state,
-    l.33-47). The module-level helper is what tells: with it the row count
-    is not multiplied again (a C4 group would otherwise read as 4x its
-    tokens per block, and 512 and 16384 are multiples of 128, so no row
-    check would catch it)."""
+    tokens (sdist core/kv_cache_interface.py ``get_storage_block_size``,
+    0.27.1rc1 l.22-30, 0.30.0rc2 l.31-44; fixtures: ascend_specs_030). The
+    module-level helper tells which unit the release uses; the page each
+    spec sizes tells how many rows a block holds. Where the two disagree (a
+    4x mis-read: 512 and 16384 are multiples of 128, so no rows check in
+    the planner would catch it) the group is refused at startup, naming
+    the layer."""
     mod, worker, _ = _dsv4_configs()
     with A.installed(mod):
         rows = scheduler_groups(worker)
-    mod.get_storage_block_size = lambda spec: spec.block_size // getattr(spec, "compress_ratio", 1)
-    with A.installed(mod):
-        tokens = scheduler_groups(worker)
-    assert rows[0].block_size == 4 * tokens[0].block_size
-    assert tokens[0].block_size == worker.kv_cache_groups[0].kv_cache_spec.block_size
-    assert [g.compress_ratio for g in tokens] == [g.compress_ratio for g in rows]
+    # 0.23 specs (rows) under a module that says tokens: refused.
+    tok = types.ModuleType(mod.__name__)
+    tok.__dict__.update(mod.__dict__)  # a copy: specs_module is cached
+    tok.get_storage_block_size = lambda spec: spec.block_size // getattr(spec, "compress_ratio", 1)
+    with A.installed(tok), pytest.raises(ValueError, match=r"layer .model.layers.1.self_attn.*page holds 128 rows.*needs 32"):
+        scheduler_groups(worker)
+    # 0.30.0rc2 specs (tokens): the same scheduler groups as 0.23's.
+    if not A3.HAS_TOKENS_PER_STATE:
+        return
+    mod30 = A3.specs_module("0.30.0rc2")
+    cfg30 = AL.kv_config(A3.group_dsv4(AL3.dsv4_specs(mod30)), 64)
+    with A.installed(mod30):
+        tokens = scheduler_groups(cfg30)
+    assert [(g.block_size, g.compress_ratio, g.sliding_window) for g in tokens] == [
+        (g.block_size, g.compress_ratio, g.sliding_window) for g in rows
+    ]
+    assert tokens[0].block_size == cfg30.kv_cache_groups[0].kv_cache_spec.block_size == 512
+    # ...and under a module without the helper (read as rows): refused.
+    old = types.ModuleType(mod30.__name__)
+    old.__dict__.update({k: v for k, v in mod30.__dict__.items() if k != "get_storage_block_size"})
+    with A.installed(old), pytest.raises(ValueError, match=r"page holds 128 rows, but block_size 512 read as 2048"):
+        scheduler_groups(cfg30)
 
 
 def _vllm_layout_enum():

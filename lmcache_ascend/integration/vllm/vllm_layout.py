@@ -29,13 +29,14 @@ from lmcache_ascend.planning.groups import CompressorState, GroupKind, Scheduler
 logger = logging.getLogger(__name__)
 
 
-# vLLM-Ascend (0.23.0, 0.26.0rc1) defines its spec classes here. Its
+# vLLM-Ascend defines its spec classes here. In 0.23.0/0.26.0rc1 its
 # AscendMLAAttentionSpec counts compressed ROWS in block_size: its manager
 # (vllm_ascend/core/single_type_kv_cache_manager.py, CompressAttentionManager)
 # divides token counts by compress_ratio before sizing blocks, and its page
 # holds block_size rows (kv_cache_interface.py, page_size_bytes /
-# real_page_size_bytes); vLLM's own MLAAttentionSpec counts tokens
-# (storage_block_size = block_size // compress_ratio). The module is never
+# real_page_size_bytes). From 0.27.1rc1 its specs count TOKENS and the module
+# says how many rows one block holds (get_storage_block_size: block_size //
+# compress_ratio, 0.29+ block_size // tokens_per_state). The module is never
 # imported here: a spec of its classes exists only once vLLM-Ascend loaded it.
 _ASCEND_SPECS_MODULE = "vllm_ascend.core.kv_cache_interface"
 _ROW_COUNTED_SPECS = ("AscendMLAAttentionSpec",)
@@ -46,13 +47,31 @@ _TOKEN_COUNTED_MARKER = "get_storage_block_size"
 # attention compressor of "<x>" writes "<x>.attn", the indexer's "<x>.k_cache".
 _COMPRESSOR_STATE_SUFFIX = ".compressor.state_cache"
 _COMPRESSED_SIBLINGS = (".attn", ".k_cache")
+# Layouts vLLM-Ascend 0.30.0rc2 declares on a spec whose bytes this connector
+# has not been checked against (core/kv_cache_interface.py): refused at
+# startup rather than moved by a guess. Attribute -> what it changes.
+_UNCHECKED_SPEC_FLAGS = {
+    "cache_sparse_sfa_turboquant": "TurboQuant SFA main cache (packed 4-bit rows, AscendMLAAttentionSpec)",
+    "cache_sparse_li_c4": "LI-C4 indexer (4-bit K with a 5-D scale view, AscendSFAIndexerCacheSpec)",
+}
+# DeepSeek-V4 TurboQuant (vllm_ascend 0.30.0rc2, quantization/methods/
+# kv_cache/turboquant: TURBOQUANT_CACHE_DTYPE "turboquant_4bit_nc", C4 rows of
+# SLOT_BYTES 258 uint8, its own grouping in turboquant/cache.py group_specs).
+_UNCHECKED_CACHE_DTYPE_PREFIX = "turboquant"
 
 
 def _prefix_cacheable(spec: KVCacheSpec) -> bool:
-    # vLLM >= 0.29 lets a spec declare that its blocks are not reusable;
-    # earlier series have no such spec (CircularBufferSpec came with the
-    # attribute).
-    return bool(getattr(spec, "prefix_cacheable", True))
+    """What the spec declares: vLLM >= 0.29's ``prefix_cacheable`` (False on
+    CircularBufferSpec, vLLM-Ascend's AscendCircularBufferSpec and
+    AscendIndexerKPoolTailSpec: per-request rings), vLLM-Ascend 0.27.1rc1+'s
+    ``participates_in_prefix_caching`` and ``is_circular`` (its
+    is_prefix_cacheable / is_circular_kv_cache_spec read the same three).
+    Earlier series have none of them: every spec is cacheable there."""
+    if getattr(spec, "is_circular", False):
+        return False
+    return bool(getattr(spec, "prefix_cacheable", True)) and bool(
+        getattr(spec, "participates_in_prefix_caching", True)
+    )
 
 
 def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
@@ -60,8 +79,9 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     if isinstance(spec, MambaSpec):
         return GroupKind.STATE, None
     if not _prefix_cacheable(spec):
-        # e.g. CircularBufferSpec: a per-request ring rewritten in place; its
-        # content is not a function of token positions we could restore.
+        # A per-request ring rewritten in place (DeepSeek-V4.1's compressor
+        # ring, GLM-5-Next's indexer K-pool tail): its content is not a
+        # function of token positions. STATE: never stored, hits refused.
         return GroupKind.STATE, None
     if isinstance(spec, SlidingWindowSpec):
         # Includes vLLM-Ascend's AscendSlidingWindowMLASpec: DeepSeek-V4's
@@ -79,16 +99,30 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     return GroupKind.STATE, None
 
 
+def _ratio_value(value: Any) -> Optional[int]:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
+
+
 def _compress_ratio(spec: KVCacheSpec) -> int:
     """Tokens per stored row. vLLM-Ascend's DSv4 specs and vLLM < 0.29's MLA
     specs call it ``compress_ratio``; vLLM >= 0.29's attention specs
     ``tokens_per_state`` (Mamba uses -1 there and Whisper a fraction below
-    1: not ratios)."""
-    ratio = getattr(spec, "compress_ratio", None)
+    1: not ratios). A spec declaring both (vLLM-Ascend 0.29+'s
+    AscendSlidingWindowMLASpec) must agree: _spec_refusal checks that."""
+    ratio = _ratio_value(getattr(spec, "compress_ratio", None))
     if ratio is None and isinstance(spec, AttentionSpec):
-        tps = getattr(spec, "tokens_per_state", 1)
-        ratio = tps if isinstance(tps, int) and tps >= 1 else 1
-    return int(ratio or 1)
+        ratio = _ratio_value(getattr(spec, "tokens_per_state", 1))
+    return ratio or 1
+
+
+def _ascend_module() -> Any:
+    return sys.modules.get(_ASCEND_SPECS_MODULE)
+
+
+def _is_ascend_spec(spec: KVCacheSpec) -> bool:
+    return type(spec).__module__ == _ASCEND_SPECS_MODULE or (
+        (module := _ascend_module()) is not None and getattr(module, type(spec).__name__, None) is type(spec)
+    )
 
 
 def _counts_rows(spec: KVCacheSpec) -> bool:
@@ -99,11 +133,51 @@ def _counts_rows(spec: KVCacheSpec) -> bool:
     ``get_storage_block_size`` (block_size // compress_ratio rows per block,
     vllm_ascend/core/kv_cache_interface.py): multiplying by the ratio there
     would address a C4 block as 4x its tokens."""
-    module = sys.modules.get(_ASCEND_SPECS_MODULE)
+    module = _ascend_module()
     if module is None or hasattr(module, _TOKEN_COUNTED_MARKER):
         return False
     classes = tuple(c for c in (getattr(module, n, None) for n in _ROW_COUNTED_SPECS) if isinstance(c, type))
     return bool(classes) and isinstance(spec, classes)
+
+
+def _spec_refusal(spec: KVCacheSpec) -> Optional[str]:
+    """Why a spec's layout cannot be addressed exactly, from what it declares
+    (never from the version), or None."""
+    for flag, what in _UNCHECKED_SPEC_FLAGS.items():
+        if getattr(spec, flag, False):
+            return f"{flag}=True: {what} is not supported; valid: {flag}=False"
+    cache_dtype = str(getattr(spec, "cache_dtype_str", None) or "")
+    if cache_dtype.startswith(_UNCHECKED_CACHE_DTYPE_PREFIX):
+        return (
+            f"cache_dtype_str={cache_dtype!r}: TurboQuant KV caches (DeepSeek-V4 C4 rows of 258 bytes in "
+            "their own grouping) are not supported; use another --kv-cache-dtype"
+        )
+    # A field left at its default 1 declares nothing (the vLLM 0.32-based
+    # mirrors and vLLM-Ascend 0.29+'s AscendSlidingWindowMLASpec carry both).
+    # vLLM 0.29+'s base KVCacheSpec.tokens_per_state raises: only attention
+    # specs carry the field.
+    names = ("compress_ratio", "tokens_per_state") if isinstance(spec, AttentionSpec) else ("compress_ratio",)
+    declared = {
+        name: v for name in names if (v := _ratio_value(getattr(spec, name, None))) is not None and v > 1
+    }
+    if len(set(declared.values())) > 1:
+        return f"declares {declared}: which one the kernels use is not known; valid: equal ratios"
+    if not _prefix_cacheable(spec) or isinstance(spec, MambaSpec):
+        return None  # never stored: rows per block do not matter
+    ratio = _compress_ratio(spec)
+    module = _ascend_module()
+    storage = getattr(module, _TOKEN_COUNTED_MARKER, None) if module is not None else None
+    if storage is not None and _is_ascend_spec(spec):
+        # vLLM-Ascend >= 0.27.1rc1 tells the physical rows of one scheduler
+        # block; a block of block_size tokens must hold block_size // ratio
+        # of them, else no token position maps to one row.
+        rows = int(storage(spec))
+        if rows * ratio != int(spec.block_size):
+            return (
+                f"vLLM-Ascend stores {rows} rows per block (get_storage_block_size), but block_size "
+                f"{spec.block_size} tokens at {ratio} tokens per row needs {int(spec.block_size) // ratio}"
+            )
+    return None
 
 
 @dataclass(frozen=True)
@@ -115,6 +189,9 @@ class _SpecFacts:
 
 
 def _facts(layer: str, spec: KVCacheSpec) -> _SpecFacts:
+    why = _spec_refusal(spec)
+    if why is not None:
+        raise ValueError(f"layer {layer!r} ({type(spec).__name__}): {why}")
     replicas = getattr(spec, "sfa_dcp_replicated_indexer_size", 1)
     if replicas != 1:
         # vLLM-Ascend then allocates num_blocks x replicas indexer blocks
@@ -126,7 +203,47 @@ def _facts(layer: str, spec: KVCacheSpec) -> _SpecFacts:
     kind, window = _classify(spec)
     ratio = _compress_ratio(spec)
     block = int(spec.block_size)
-    return _SpecFacts(kind, window, ratio, block * ratio if _counts_rows(spec) else block)
+    tokens = block * ratio if _counts_rows(spec) else block
+    page_rows = _page_rows(spec)
+    if ratio > 1 and page_rows is not None and page_rows * ratio != tokens:
+        # The page vLLM-Ascend sizes holds page_rows rows; a block read as
+        # `tokens` tokens would address tokens // ratio of them. 512 and
+        # 16384 (0.27.1rc1+ C4 / C128) are multiples of 128 rows, so the
+        # planner's rows check alone would not notice a 4x mis-read.
+        raise ValueError(
+            f"layer {layer!r} ({type(spec).__name__}): its page holds {page_rows} rows, but "
+            f"block_size {block} read as {tokens} tokens per block at {ratio} tokens per row needs "
+            f"{tokens // ratio}; vLLM-Ascend's block unit (rows or tokens) is not what this connector "
+            "expects for this release"
+        )
+    return _SpecFacts(kind, window, ratio, tokens)
+
+
+def _page_rows(spec: KVCacheSpec) -> Optional[int]:
+    """Rows per block of a vLLM-Ascend MLA spec, from the unpadded page its
+    own formula sizes (rows x heads x (head x dtype + scale_dim x scale
+    dtype)); None where that formula does not apply (packed SFA-C8, not an
+    Ascend spec, no unpadded page)."""
+    if type(spec).__name__ not in _ROW_COUNTED_SPECS or not _is_ascend_spec(spec):
+        return None
+    if getattr(spec, "cache_sparse_sfa_c8", False) or getattr(spec, "sparse_head_dim", None):
+        return None
+    page = getattr(spec, "real_page_size_bytes", None)
+    if page is None and getattr(spec, "page_size_padded", None) is None:
+        page = spec.page_size_bytes
+    if page is None:
+        return None
+    row = int(spec.num_kv_heads) * (
+        int(spec.head_size) * _dtype_bytes(spec.dtype)
+        + int(getattr(spec, "scale_dim", 0) or 0) * _dtype_bytes(getattr(spec, "scale_dtype", spec.dtype))
+    )
+    return int(page) // row if row and int(page) % row == 0 else None
+
+
+def _dtype_bytes(dtype: Any) -> int:
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
 
 
 def _layer_specs(group: Any) -> dict[str, KVCacheSpec]:
