@@ -44,10 +44,24 @@ COMPAT_TESTS_vllm-0.30 := $(TORCH_213_TESTS)
 
 all: build
 
-system-deps:
+# Debian packages and the Mooncake wheel the tests need: redis-server, and
+# Mooncake's TCP build (mooncake_master, mooncake_client and its Python store)
+# in the primary venv with the libraries it links even for TCP. The wheel is
+# pip-installed into the overlay venv, not the stack file, so adding it does
+# not reinstall the primary stack (3 s against minutes).
+MOONCAKE_WHEEL := mooncake-transfer-engine-non-cuda==0.3.13.post1
+MOONCAKE_DEBS := libibverbs1 libnl-3-200 libnl-route-3-200
+system-deps: venv
 	@command -v redis-server >/dev/null 2>&1 || { \
 	  echo "[setup] installing redis-server (Debian package)"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null; }
+	@missing=""; for d in $(MOONCAKE_DEBS); do \
+	  dpkg -s $$d >/dev/null 2>&1 || missing="$$missing $$d"; done; \
+	if [ -n "$$missing" ]; then echo "[setup] installing$$missing (Debian packages Mooncake links)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; fi
+	@$(PY) -c "import mooncake.store" 2>/dev/null || { \
+	  echo "[setup] installing $(MOONCAKE_WHEEL) into $(VENV)"; \
+	  $(PY) -m pip install -q --disable-pip-version-check $(MOONCAKE_WHEEL); }
 
 venv:
 	@$(STACKS) overlay $(PRIMARY_STACK) $(VENV) >/dev/null

@@ -170,6 +170,11 @@ def validate_engine_config(config: "LMCacheEngineConfig", environ: Mapping[str, 
             f"remote_serde={config.remote_serde!r} is not valid; lmcache-ascend stores opaque "
             f"byte buffers, use one of {list(VALID_SERDES)}"
         )
+    # Mooncake ignores keys it does not know and LMCache ignores its setup
+    # result: without this an unusable pool retries ~90 s, then no-ops.
+    from lmcache_ascend.lmcache_bridge.mooncake import check_config as check_mooncake
+
+    check_mooncake(config, environ)
 
 
 def enforce_engine_requirements(
