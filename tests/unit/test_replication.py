@@ -1,0 +1,100 @@
+"""Replicated vs sharded groups, the keys they get, and the stripe a rank
+stores (planning/replication.py, integration/vllm/parallel.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+
+from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
+from lmcache_ascend.planning.replication import bytes_per_rank, replication
+
+
+def group(index: int, spec: str) -> SchedulerGroup:
+    return SchedulerGroup(index=index, kind=GroupKind.FULL, spec_name=spec, block_size=128)
+
+
+MLA = [group(0, "MLAAttentionSpec")]
+DSV4 = [group(0, "AscendMLAAttentionSpec"), group(1, "AscendSlidingWindowMLASpec"), group(2, "AscendMLAAttentionSpec")]
+DSA = [group(0, "AscendMLAAttentionSpec"), group(1, "AscendSFAIndexerCacheSpec")]
+GQA = [group(0, "FullAttentionSpec"), group(1, "SlidingWindowSpec")]
+MIXED = [group(0, "MLAAttentionSpec"), group(1, "FullAttentionSpec")]
+
+
+@pytest.mark.parametrize("groups", [MLA, DSV4, DSA])
+def test_mla_family_is_one_copy(groups):
+    rep = replication(groups, 8)
+    assert rep.single_copy and not rep.sharded_groups
+    assert "one copy per chunk" in rep.describe()
+    assert bytes_per_rank({g.index: 800 for g in groups}, rep) == 100 * len(groups)
+    assert "no shared backend" in rep.describe(shared=False)
+
+
+def test_heads_split_are_per_rank():
+    rep = replication(GQA, 2)
+    assert not rep.single_copy and rep.sharded_groups == (0, 1)
+    assert "sharded" in rep.describe() and "per-rank chunks" in rep.describe()
+    assert bytes_per_rank({0: 10, 1: 5}, rep) == 15
+
+
+def test_mixed_layout_keeps_per_rank_chunks_and_says_so():
+    rep = replication(MIXED, 2)
+    assert not rep.single_copy
+    assert "mixes replicated and sharded" in rep.describe({0: 7, 1: 3})
+
+
+def test_replicated_keys_do_not_depend_on_tp_or_rank():
+    from lmcache_ascend.lmcache_bridge.engine import EngineSpec
+
+    def key_fields(rank: int, world: int, replicated: bool):
+        spec = EngineSpec("m", "e", rank, world, 128, {}, replicated=replicated)
+        md = spec.key_metadata(spec.metadata("worker", 1024, 3))
+        return md.world_size, md.worker_id
+
+    assert {key_fields(r, w, True) for w in (1, 2, 4) for r in range(w)} == {(1, 0)}
+    assert key_fields(1, 2, False) == (2, 1)
+    # Only the key metadata changes: lookup sockets keep the real rank.
+    spec = EngineSpec("m", "e", 1, 2, 128, {}, replicated=True)
+    assert spec.metadata("worker").worker_id == 1
+
+
+def _vllm(tp=1, rank=0, pp=1, dcp=1):
+    return SimpleNamespace(parallel_config=SimpleNamespace(
+        tensor_parallel_size=tp, rank=rank, pipeline_parallel_size=pp, decode_context_parallel_size=dcp))
+
+
+def test_stripe_needs_a_shared_backend():
+    from lmcache_ascend.integration.vllm.parallel import store_stripe
+
+    shared = SimpleNamespace(remote_url="redis://x")
+    assert store_stripe(MLA, _vllm(2, 1), SimpleNamespace(remote_url=None))[1] is None
+    assert store_stripe(GQA, _vllm(2, 1), shared)[1] is None
+    assert store_stripe(MLA, _vllm(1, 0), shared)[1] is None
+    stripe = store_stripe(MLA, _vllm(2, 1), shared)[1]
+    assert [stripe.owns(i) for i in range(4)] == [False, True, False, True]
+
+
+@pytest.mark.parametrize("field,value", [("pp", 2), ("dcp", 2)])
+def test_refused_parallelism_names_the_setting(field, value):
+    from lmcache_ascend.integration.vllm.parallel import check_parallelism
+
+    with pytest.raises(ValueError, match=f"={value} is not supported \\(valid: 1\\)"):
+        check_parallelism(_vllm(**{field: value}))
+    check_parallelism(_vllm(tp=4))
+
+
+def test_store_path_takes_only_its_stripe():
+    from lmcache_ascend.integration.vllm.parallel import Stripe
+    from lmcache_ascend.integration.vllm.worker import WorkerHalf
+
+    half = WorkerHalf.__new__(WorkerHalf)
+    half.chunk_size = 128
+    half.stripe = None
+    assert half._stripe_runs([(0, 384)]) == [(0, 384)]
+    half.stripe = Stripe(0, 2)
+    assert half._stripe_runs([(0, 384), (512, 768)]) == [(0, 128), (256, 384), (512, 640)]
+    half.stripe = Stripe(1, 2)
+    assert half._stripe_runs([(0, 384), (512, 768)]) == [(128, 256), (640, 768)]
+    assert dataclasses.is_dataclass(Stripe)
