@@ -414,3 +414,30 @@ def _classify(
         same = a.shape == b.shape and a.dtype == b.dtype
         return LayerFormat.KV_PAIR if same else LayerFormat.TWO_PLANE
     return LayerFormat.ROWS
+
+
+def check_layers_own_their_memory(planes: Sequence[tuple[str, int, int, int]]) -> None:
+    """Refuse two layers of one group whose stored planes start at the same
+    address: ``planes`` holds (layer, group, plane index, data_ptr).
+
+    Layers of one group get distinct block memory in every layout this
+    connector serves (layers of DIFFERENT groups may alias: DeepSeek-V4's
+    tuple slots, vLLM's hybrid pages, whose block ids never collide).
+    vLLM-Ascend 0.28.0rc1+'s KV pipeline parallelism gives the layers a rank
+    does not own two shared scratch buffers (worker/kvpp_cache.py,
+    allocate_kvpp_cache: ``scratch[target_index % KVPP_SCRATCH_BUFFER_COUNT]``):
+    their bytes are whatever the last such layer wrote, not that layer's KV,
+    so storing them as prefix KV would hand garbage to a later hit.
+    """
+    seen: dict[tuple[int, int], tuple[str, int]] = {}
+    for layer, group, plane, ptr in planes:
+        if not ptr:
+            continue
+        other = seen.setdefault((group, ptr), (layer, plane))
+        if other[0] != layer:
+            raise LayoutError(
+                f"layers {other[0]!r} (plane {other[1]}) and {layer!r} (plane {plane}) of KV cache group "
+                f"{group} address the same memory (0x{ptr:x}): a buffer shared by several layers (e.g. "
+                "vLLM-Ascend's KV-pipeline-parallel scratch buffers for layers this rank does not own) "
+                "does not hold any one layer's KV and cannot be stored; valid: one buffer per layer"
+            )

@@ -30,7 +30,7 @@ from lmcache_ascend.planning.flatten import (
     place_layers,
 )
 from lmcache_ascend.planning.groups import Granularity, Plane, SchedulerGroup
-from lmcache_ascend.planning.kv_format import LayerEntry, LayoutHints
+from lmcache_ascend.planning.kv_format import LayerEntry, LayoutHints, check_layers_own_their_memory
 from lmcache_ascend.planning.state_skip import (
     SkippedGroup,
     skipped_groups,
@@ -381,6 +381,10 @@ def build_plan(
     not_stored = frozenset(s.index for s in skipped) | frozenset(g.index for g in blocked)
     layers, unlisted = place_layers(
         kv_caches, groups, chunk_size, hints, not_stored, allow_multi_spec=config.flatten_multi_spec
+    )
+    # KVPP scratch buffers and the like: one buffer, several layers.
+    check_layers_own_their_memory(
+        [(lp.layer_name, p.plane.sched_group, p.plane.plane_index, p.plane.data_ptr) for lp in layers for p in lp.stored]
     )
     by_index = {g.index: g for g in groups}
     _check_chunk_size(layers, by_index, chunk_size)

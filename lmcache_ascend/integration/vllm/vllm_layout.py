@@ -228,11 +228,12 @@ def _page_rows(spec: KVCacheSpec) -> Optional[int]:
         return None
     if getattr(spec, "cache_sparse_sfa_c8", False) or getattr(spec, "sparse_head_dim", None):
         return None
-    page = getattr(spec, "real_page_size_bytes", None)
-    if page is None and getattr(spec, "page_size_padded", None) is None:
-        page = spec.page_size_bytes
-    if page is None:
-        return None
+    if getattr(spec, "page_size_padded", None) is not None:
+        return None  # the unpadded page is not told reliably (see below)
+    # page_size_bytes, not real_page_size_bytes: vLLM-Ascend 0.23.0 overrides
+    # only the former, and vLLM's base real_page_size_bytes (from 0.23) counts
+    # block_size // compress_ratio rows whatever the Ascend subclass means.
+    page = spec.page_size_bytes
     row = int(spec.num_kv_heads) * (
         int(spec.head_size) * _dtype_bytes(spec.dtype)
         + int(getattr(spec, "scale_dim", 0) or 0) * _dtype_bytes(getattr(spec, "scale_dtype", spec.dtype))
