@@ -24,6 +24,22 @@ vLLM-Ascend's own prefix cache aligns DeepSeek-V4 hits to the lcm of its
 groups' effective block sizes (patch_kv_cache_coordinator.py,
 _get_effective_block_size and lcm_block_size): 16384 tokens at
 ``--block-size 128``, so none of these prompts would hit there.
+
+vLLM-Ascend 0.29.0rc1 / 0.30.0rc2 (vLLM 0.29 / 0.30; fixtures
+``ascend_layouts_030``): the compressed specs count tokens, so vLLM's own
+FullAttentionManager sizes their tables (``cdiv(tokens, block_size)``
+blocks of 512 / 16384 tokens), and vLLM's scheduler block size becomes the
+lcm of the groups' block sizes, 16384 (vllm/v1/core/kv_cache_utils.py
+resolve_kv_cache_block_sizes, ``scheduler_block_size = math.lcm(*group_block_sizes)``,
+0.29 l.729, 0.30 l.746; vLLM-Ascend's _ascend_resolve_kv_cache_block_sizes
+defers to it for DCP 1). That block size does NOT constrain external hits:
+Scheduler.schedule (0.29 l.848-888, 0.30 l.927-970) takes the connector's
+count as is and only trims a local hit's partial tail (``partial_tail =
+num_new_local_computed_tokens % self.block_size``), which is 0 for
+DeepSeek-V4 (its local hits are 16384-aligned by vLLM-Ascend's coordinator,
+_cache_hit_alignment_tokens). So the finest exact granularity stays the
+chunk: 128 tokens, the C128 compressor's ratio, below which the planner
+refuses chunk boundaries.
 """
 
 from __future__ import annotations
@@ -42,7 +58,9 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from vllm.v1.request import Request
 
 from fixtures import ascend_layouts as AL
+from fixtures import ascend_layouts_030 as AL3
 from fixtures import ascend_specs as A
+from fixtures import ascend_specs_030 as A3
 from fixtures import layouts as L
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_layout import request_view, step_view
@@ -70,7 +88,11 @@ def vllm_ascend_alignment(block_size: int = 128) -> int:
 
 
 class AscendEngine:
-    def __init__(self, layout: L.Layout) -> None:
+    def __init__(self, layout: L.Layout, token_blocks: bool = False) -> None:
+        # token_blocks: compressed groups' tables grow as vLLM's
+        # FullAttentionManager grows token-counted blocks (0.27.1rc1+:
+        # cdiv(tokens, block_size)), else as CompressAttentionManager.
+        self.token_blocks = token_blocks
         self.layout = layout
         self.tables = L.table_groups(layout)
         size, replaced = default_chunk_size(layout.groups, configured=False, current=256)
@@ -111,6 +133,8 @@ class AscendEngine:
                         have[i] = NULL_BLOCK_ID
                 want = math.ceil(upto / tg.block_tokens)
                 nulls = skipped if external else 0
+            elif self.token_blocks:
+                want, nulls = math.ceil(upto / tg.block_tokens), 0
             else:
                 want = math.ceil((upto // tg.ratio) / (tg.block_tokens // tg.ratio))
                 nulls = 0
@@ -214,9 +238,19 @@ def prompt(n: int, seed: int) -> list[int]:
     return [(seed * 7919 + i * 31) % 50000 + 1 for i in range(n)]
 
 
-@pytest.fixture(scope="module")
-def engine() -> AscendEngine:
-    eng = AscendEngine(AL.dsv4("0.23.0", num_blocks=160))
+RELEASES = ["0.23.0"] + [
+    pytest.param(r, marks=pytest.mark.skipif(not A3.HAS_TOKENS_PER_STATE, reason="vLLM >= 0.29"))
+    for r in ("0.29.0rc1", "0.30.0rc2")
+]
+
+
+@pytest.fixture(scope="module", params=RELEASES)
+def engine(request) -> AscendEngine:
+    if request.param == "0.23.0":
+        eng = AscendEngine(AL.dsv4("0.23.0", num_blocks=160))
+    else:
+        eng = AscendEngine(AL3.dsv4(request.param, num_blocks=160), token_blocks=True)
+    eng.release = request.param
     base = prompt(1000, 1)
     assert eng.admit("a", base) == 0
     while eng.reqs["a"].num_computed_tokens < 1000:
@@ -229,6 +263,11 @@ def engine() -> AscendEngine:
 def test_default_chunk_is_128_and_vllm_ascend_aligns_to_16384(engine):
     assert engine.chunk == 128
     assert vllm_ascend_alignment(128) == 16384 and vllm_ascend_alignment(64) == 8192
+    if engine.release != "0.23.0":
+        # vLLM 0.29/0.30's scheduler block size for these groups: their lcm.
+        groups = A3.group_dsv4(AL3.dsv4_specs(A3.specs_module(engine.release)))
+        assert A3.lcm_block_tokens(groups) == 16384
+        assert [g.block_size for g in engine.layout.groups[:2]] == [512, 16384]
     # the first request stored each whole chunk once, in the step completing it
     assert len(engine.stored) == 1000 // 128
 
