@@ -31,6 +31,19 @@ def engine_args(items: list[str]) -> dict[str, Any]:
     return out
 
 
+_REFUSALS = ("LayoutError: ", "ValueError: ")
+
+
+def startup_refusal(log: str) -> str:
+    """The last layout refusal in an engine log ("layer '…': why"), or ""."""
+    found = ""
+    for line in log.splitlines():
+        for marker in _REFUSALS:
+            if marker in line and "layer" in line:
+                found = line.split(marker, 1)[1].strip()
+    return found
+
+
 def run(args: argparse.Namespace) -> int:
     scenario = Scenario(
         model=args.model,
@@ -43,6 +56,12 @@ def run(args: argparse.Namespace) -> int:
         _, log = run_scenario(scenario, "explain", Path(tmp), quiet=True)
     record = plan_from_log(log)
     if record is None:
+        refusal = startup_refusal(log)
+        if refusal:
+            # A layout the connector cannot move exactly stops it at startup
+            # (e.g. vLLM-Ascend 0.30.0rc2's TurboQuant or LI-C4 caches, KVPP
+            # scratch buffers): say which layer and why, as the engine did.
+            raise SystemExit(f"the connector refused this model's KV layout at startup: {refusal}")
         raise SystemExit("the connector logged no plan (did it start on the worker?)")
     print(json.dumps(record, indent=2) if args.json else record["text"])
     return 0

@@ -154,3 +154,17 @@ def test_c8_mxfp_gqa_views_are_refused_naming_the_layer():
     kv_v = torch.as_strided(raw.view(torch.float8_e4m3fn), shape, (page, *inner), heads * bs * k * 17 // 16)
     with pytest.raises(LayoutError, match=r"layer 'm\.attn': element 0: 5-D tensor is not a known row layout"):
         build_plan({"m.attn": (kv_k, kv_v)}, gs, 128)
+
+
+@needs_029
+def test_explain_names_the_refused_layer():
+    """``lmcache-ascend explain`` on a refused layout prints the engine's
+    refusal (layer and reason) instead of "no plan"."""
+    from lmcache_ascend.cli.explain import startup_refusal
+
+    mod, cfg = AL3.dsv4_turboquant_config()
+    with A.installed(mod), pytest.raises(ValueError) as err:
+        scheduler_groups(cfg)
+    log = f"INFO starting\nERROR worker failed\nValueError: {err.value}\nINFO shutdown\n"
+    assert startup_refusal(log) == str(err.value) and "turboquant_4bit_nc" in startup_refusal(log)
+    assert startup_refusal("INFO nothing\n") == ""
