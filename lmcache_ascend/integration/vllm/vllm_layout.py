@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+import torch
 from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
@@ -47,26 +48,22 @@ _TOKEN_COUNTED_MARKER = "get_storage_block_size"
 # attention compressor of "<x>" writes "<x>.attn", the indexer's "<x>.k_cache".
 _COMPRESSOR_STATE_SUFFIX = ".compressor.state_cache"
 _COMPRESSED_SIBLINGS = (".attn", ".k_cache")
-# Layouts vLLM-Ascend 0.30.0rc2 declares on a spec whose bytes this connector
-# has not been checked against (core/kv_cache_interface.py): refused at
-# startup rather than moved by a guess. Attribute -> what it changes.
+# Layouts vLLM-Ascend 0.30.0rc2 declares on a spec (core/kv_cache_interface.py)
+# that are not checked here: refused at startup rather than moved by a guess.
 _UNCHECKED_SPEC_FLAGS = {
     "cache_sparse_sfa_turboquant": "TurboQuant SFA main cache (packed 4-bit rows, AscendMLAAttentionSpec)",
     "cache_sparse_li_c4": "LI-C4 indexer (4-bit K with a 5-D scale view, AscendSFAIndexerCacheSpec)",
 }
-# DeepSeek-V4 TurboQuant (vllm_ascend 0.30.0rc2, quantization/methods/
-# kv_cache/turboquant: TURBOQUANT_CACHE_DTYPE "turboquant_4bit_nc", C4 rows of
-# SLOT_BYTES 258 uint8, its own grouping in turboquant/cache.py group_specs).
+# DeepSeek-V4 TurboQuant (0.30.0rc2 quantization/methods/kv_cache/turboquant:
+# "turboquant_4bit_nc", C4 rows of 258 uint8, its own grouping).
 _UNCHECKED_CACHE_DTYPE_PREFIX = "turboquant"
 
 
 def _prefix_cacheable(spec: KVCacheSpec) -> bool:
-    """What the spec declares: vLLM >= 0.29's ``prefix_cacheable`` (False on
-    CircularBufferSpec, vLLM-Ascend's AscendCircularBufferSpec and
-    AscendIndexerKPoolTailSpec: per-request rings), vLLM-Ascend 0.27.1rc1+'s
-    ``participates_in_prefix_caching`` and ``is_circular`` (its
-    is_prefix_cacheable / is_circular_kv_cache_spec read the same three).
-    Earlier series have none of them: every spec is cacheable there."""
+    """vLLM >= 0.29's ``prefix_cacheable`` (False on per-request rings:
+    CircularBufferSpec, AscendIndexerKPoolTailSpec), ``is_circular`` and
+    ``participates_in_prefix_caching`` (vLLM-Ascend 0.27.1rc1+'s
+    is_prefix_cacheable reads the same). Earlier series: always cacheable."""
     if getattr(spec, "is_circular", False):
         return False
     return bool(getattr(spec, "prefix_cacheable", True)) and bool(
@@ -104,11 +101,10 @@ def _ratio_value(value: Any) -> Optional[int]:
 
 
 def _compress_ratio(spec: KVCacheSpec) -> int:
-    """Tokens per stored row. vLLM-Ascend's DSv4 specs and vLLM < 0.29's MLA
-    specs call it ``compress_ratio``; vLLM >= 0.29's attention specs
-    ``tokens_per_state`` (Mamba uses -1 there and Whisper a fraction below
-    1: not ratios). A spec declaring both (vLLM-Ascend 0.29+'s
-    AscendSlidingWindowMLASpec) must agree: _spec_refusal checks that."""
+    """Tokens per stored row: ``compress_ratio`` (vLLM-Ascend's DSv4 specs,
+    vLLM < 0.29's MLA specs) or vLLM >= 0.29's ``tokens_per_state`` (Mamba's
+    -1 and Whisper's fractions are not ratios). _spec_refusal checks that a
+    spec declaring both agrees."""
     ratio = _ratio_value(getattr(spec, "compress_ratio", None))
     if ratio is None and isinstance(spec, AttentionSpec):
         ratio = _ratio_value(getattr(spec, "tokens_per_state", 1))
@@ -126,13 +122,9 @@ def _is_ascend_spec(spec: KVCacheSpec) -> bool:
 
 
 def _counts_rows(spec: KVCacheSpec) -> bool:
-    """Whether ``spec.block_size`` counts compressed rows, not tokens.
-
-    Only vLLM-Ascend 0.23.0/0.26.0rc1's AscendMLAAttentionSpec does. From
-    0.27.1rc1 its block_size counts tokens and the module says so with
-    ``get_storage_block_size`` (block_size // compress_ratio rows per block,
-    vllm_ascend/core/kv_cache_interface.py): multiplying by the ratio there
-    would address a C4 block as 4x its tokens."""
+    """Whether ``spec.block_size`` counts compressed rows (only vLLM-Ascend
+    0.23.0/0.26.0rc1's AscendMLAAttentionSpec; from 0.27.1rc1 the module
+    defines ``get_storage_block_size`` and block_size counts tokens)."""
     module = _ascend_module()
     if module is None or hasattr(module, _TOKEN_COUNTED_MARKER):
         return False
@@ -152,10 +144,8 @@ def _spec_refusal(spec: KVCacheSpec) -> Optional[str]:
             f"cache_dtype_str={cache_dtype!r}: TurboQuant KV caches (DeepSeek-V4 C4 rows of 258 bytes in "
             "their own grouping) are not supported; use another --kv-cache-dtype"
         )
-    # A field left at its default 1 declares nothing (the vLLM 0.32-based
-    # mirrors and vLLM-Ascend 0.29+'s AscendSlidingWindowMLASpec carry both).
-    # vLLM 0.29+'s base KVCacheSpec.tokens_per_state raises: only attention
-    # specs carry the field.
+    # A field at its default 1 declares nothing; the base KVCacheSpec's
+    # tokens_per_state (vLLM 0.29+) raises: only attention specs carry it.
     names = ("compress_ratio", "tokens_per_state") if isinstance(spec, AttentionSpec) else ("compress_ratio",)
     declared = {
         name: v for name in names if (v := _ratio_value(getattr(spec, name, None))) is not None and v > 1
@@ -168,9 +158,7 @@ def _spec_refusal(spec: KVCacheSpec) -> Optional[str]:
     module = _ascend_module()
     storage = getattr(module, _TOKEN_COUNTED_MARKER, None) if module is not None else None
     if storage is not None and _is_ascend_spec(spec):
-        # vLLM-Ascend >= 0.27.1rc1 tells the physical rows of one scheduler
-        # block; a block of block_size tokens must hold block_size // ratio
-        # of them, else no token position maps to one row.
+        # A block of block_size tokens must hold block_size // ratio rows.
         rows = int(storage(spec))
         if rows * ratio != int(spec.block_size):
             return (
@@ -220,19 +208,16 @@ def _facts(layer: str, spec: KVCacheSpec) -> _SpecFacts:
 
 
 def _page_rows(spec: KVCacheSpec) -> Optional[int]:
-    """Rows per block of a vLLM-Ascend MLA spec, from the unpadded page its
-    own formula sizes (rows x heads x (head x dtype + scale_dim x scale
-    dtype)); None where that formula does not apply (packed SFA-C8, not an
-    Ascend spec, no unpadded page)."""
-    if type(spec).__name__ not in _ROW_COUNTED_SPECS or not _is_ascend_spec(spec):
-        return None
-    if getattr(spec, "cache_sparse_sfa_c8", False) or getattr(spec, "sparse_head_dim", None):
+    """Rows per block of a vLLM-Ascend MLA spec from its page (rows x heads x
+    (head x dtype + scale_dim x scale dtype)); None where that formula does
+    not apply (packed SFA-C8, padded page, not an Ascend spec)."""
+    packed = getattr(spec, "cache_sparse_sfa_c8", False) or getattr(spec, "sparse_head_dim", None)
+    if type(spec).__name__ not in _ROW_COUNTED_SPECS or not _is_ascend_spec(spec) or packed:
         return None
     if getattr(spec, "page_size_padded", None) is not None:
-        return None  # the unpadded page is not told reliably (see below)
-    # page_size_bytes, not real_page_size_bytes: vLLM-Ascend 0.23.0 overrides
-    # only the former, and vLLM's base real_page_size_bytes (from 0.23) counts
-    # block_size // compress_ratio rows whatever the Ascend subclass means.
+        return None
+    # Not real_page_size_bytes: vLLM-Ascend 0.23.0 overrides only
+    # page_size_bytes; vLLM's base real_page_size_bytes counts ratio rows.
     page = spec.page_size_bytes
     row = int(spec.num_kv_heads) * (
         int(spec.head_size) * _dtype_bytes(spec.dtype)
@@ -242,8 +227,6 @@ def _page_rows(spec: KVCacheSpec) -> Optional[int]:
 
 
 def _dtype_bytes(dtype: Any) -> int:
-    import torch
-
     return torch.empty((), dtype=dtype).element_size()
 
 
@@ -508,7 +491,6 @@ def ensure_recompute_on_load_failure(vllm_config: Any) -> None:
             ktc.kv_load_failure_policy,
         )
         ktc.kv_load_failure_policy = "recompute"
-
 
 
 # ---- Mamba / GDN state (align mode): read for planning/state_align.py ----
