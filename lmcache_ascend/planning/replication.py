@@ -2,11 +2,11 @@
 and which it holds a slice of (sharded), and so how chunks are keyed.
 
 A replicated cache holds the same bytes on every rank, so one copy per
-chunk serves them all: rank 0 stores it under a key without the TP size or
-rank (LMCache's ``save_only_first_rank``: ``world_size`` 1, worker 0), and
-on a hit rank 0 reads it and broadcasts it to the other ranks of its TP
-group. Its keys then do not depend on the TP size, so an instance of one TP
-size hits what an instance of another stored (through a shared backend).
+chunk serves them all: every rank keys it alike, with world size 1 and
+worker 0, and with a backend the ranks share each chunk is written by one
+rank and read by all (integration/vllm/parallel.py). Its keys then do not
+depend on the TP size, so an instance of one TP size hits what an instance
+of another stored (through a shared backend).
 A sharded cache keeps per-rank keys (world size and rank in the key): each
 rank stores and loads its own slice, and another TP size cuts other slices,
 so those chunks are not shared across TP sizes.
@@ -91,8 +91,8 @@ class Replication:
             n = (group_bytes or {}).get(index)
             size = f"{n} B per chunk" if n is not None else "its bytes"
             if rep and self.single_copy and (shared or self.tp == 1):
-                what = (f"replicated: {size} stored once (keys without TP size or rank), chunk i by rank "
-                        f"i % {self.tp}; every rank loads every chunk")
+                what = (f"replicated: {size} stored once (keys without TP size or rank), each rank "
+                        f"writing 1/{self.tp} of the chunks; every rank loads every chunk")
             elif rep and self.single_copy:
                 what = (f"replicated: keys without TP size or rank, but no shared backend: each of "
                         f"{self.tp} rank(s) stores {size} in its own cache")
@@ -122,3 +122,31 @@ def bytes_per_rank(group_bytes: dict[int, int], rep: Replication) -> float:
     otherwise every rank stores every chunk."""
     total = sum(group_bytes.values())
     return total / rep.tp if rep.single_copy else float(total)
+
+
+def per_rank_table(groups: Sequence[SchedulerGroup], group_bytes: dict[int, int], tps: Sequence[int] = (8, 16)) -> str:
+    """Bytes per chunk per rank at each TP size in ``tps`` (for ``explain``).
+    A replicated group's chunk is written once, by one rank (shared
+    backend), so a rank writes 1/TP of its bytes on average and loads all of
+    them; without a shared backend every rank writes all of them. A sharded
+    group's bytes are this layout's per-rank slice at the TP size it was
+    planned at: another TP size cuts other slices, so none is extrapolated."""
+    lines = ["bytes per chunk per rank by TP size (written with a shared backend / without one; loaded):"]
+    for tp in tps:
+        rep = replication(groups, tp)
+        total_write = 0.0
+        for g in groups:
+            n = group_bytes.get(g.index, 0)
+            if g.index in rep.replicated_groups and rep.single_copy:
+                w = n / tp
+                lines.append(f"  TP {tp:<3} g{g.index:<2} {g.spec_name:<28} replicated: {w:,.0f} / {n:,} written, {n:,} loaded")
+            elif g.index in rep.replicated_groups:
+                w = float(n)
+                lines.append(f"  TP {tp:<3} g{g.index:<2} {g.spec_name:<28} replicated, per-rank chunks (mixed layout): {n:,} written, {n:,} loaded")
+            else:
+                w = float(n)
+                lines.append(f"  TP {tp:<3} g{g.index:<2} {g.spec_name:<28} sharded: {n:,} written, {n:,} loaded (this TP size's slice)")
+            total_write += w
+        total = sum(group_bytes.get(g.index, 0) for g in groups)
+        lines.append(f"  TP {tp:<3} chunk: {total_write:,.0f} / {total:,} written per rank, {total:,} loaded per rank")
+    return "\n".join(lines)

@@ -5,8 +5,9 @@ sharded model, three for MLA.
   stores and loads its own slice, keys carry world size and rank);
 * gemma2: two KV cache groups (full and sliding window), heads split;
 * deepseek_v2: MLA, every rank holds the whole 576-wide latent
-  (replicated: keys without TP size or rank; with a shared backend chunk i
-  is stored once, by rank i % 2, and every rank loads every chunk).
+  (replicated: keys without TP size or rank; with a shared backend each
+  chunk is stored once, each rank writing its share of every store, and
+  every rank loads every chunk).
 
 The reference of a hit is the same prompt hitting vLLM's own prefix cache
 one phase earlier in the same engine: both resume from the same KV bytes at
@@ -142,12 +143,12 @@ def test_tp2_mla_replicated(mla_runs):
     check_tp2_run("deepseek_v2 per-rank", local, local_log, local_steps)
     check_tp2_run("deepseek_v2 single copy", tp2, log, steps, first=1)
     assert "every rank stores every chunk in its own CPU cache" in local_log
-    assert "chunk i is stored once, by rank i % 2" in log
+    assert "each chunk is stored once, in the shared backend, by one rank" in log
     for n in ("cold", "own", "lmcache", "shared"):
         assert steps_from(steps, list(tp2).index(n), 0) == steps_from(local_steps, list(local).index(n) , 0), n
         same_exactly(tp2[n], local[n], f"{n}: single copy vs per-rank copies")
     # Per-rank copies: both ranks stored A's 3 chunks. Single copy: each
-    # rank stored its stripe only (chunks 0, 2 and chunk 1).
+    # rank stored its share only (chunks 0-1 and chunk 2).
     assert len(re.findall(r"Stored 384 out of total 384 tokens", local_log)) == 2
     assert len(re.findall(r"Stored 384 out of total 384 tokens", log)) == 0
 

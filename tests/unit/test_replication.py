@@ -73,7 +73,20 @@ def test_stripe_needs_a_shared_backend():
     assert store_stripe(GQA, _vllm(2, 1), shared)[1] is None
     assert store_stripe(MLA, _vllm(1, 0), shared)[1] is None
     stripe = store_stripe(MLA, _vllm(2, 1), shared)[1]
-    assert [stripe.owns(i) for i in range(4)] == [False, True, False, True]
+    assert stripe.part(0, 4) == (2, 4)
+
+
+@pytest.mark.parametrize("tp", [2, 3, 4, 8])
+def test_every_chunk_has_exactly_one_writer(tp):
+    from lmcache_ascend.integration.vllm.parallel import Stripe
+
+    for first in range(5):
+        for k in range(1, 20):
+            parts = [Stripe(r, tp).part(first, k) for r in range(tp)]
+            covered = sorted(j for j0, j1 in parts for j in range(j0, j1))
+            assert covered == list(range(k)), (first, k, parts)
+    # One chunk per step: the writer rotates over the ranks.
+    assert [next(r for r in range(tp) if Stripe(r, tp).part(i, 1) == (0, 1)) for i in range(tp)] == list(range(tp))
 
 
 @pytest.mark.parametrize("field,value", [("pp", 2), ("dcp", 2)])
@@ -94,7 +107,37 @@ def test_store_path_takes_only_its_stripe():
     half.stripe = None
     assert half._stripe_runs([(0, 384)]) == [(0, 384)]
     half.stripe = Stripe(0, 2)
-    assert half._stripe_runs([(0, 384), (512, 768)]) == [(0, 128), (256, 384), (512, 640)]
+    # 3 chunks from chunk 0: rank 0 writes chunks 0-1; 2 chunks from chunk 4
+    # (first 4 is even): rank 0 writes chunk 4.
+    assert half._stripe_runs([(0, 384), (512, 768)]) == [(0, 256), (512, 640)]
     half.stripe = Stripe(1, 2)
-    assert half._stripe_runs([(0, 384), (512, 768)]) == [(128, 256), (640, 768)]
+    assert half._stripe_runs([(0, 384), (512, 768)]) == [(256, 384), (640, 768)]
+    assert half._stripe_runs([(128, 256)]) == [(128, 256)]  # chunk 1 alone: rank 1
     assert dataclasses.is_dataclass(Stripe)
+
+
+def test_dsv4_and_dsa_fixtures_per_rank_bytes_at_tp_8_and_16():
+    """The vLLM-Ascend DeepSeek-V4 and DSA fixtures (tests/fixtures, with
+    their provenance) are replicated in every group: at TP 8 and 16 each
+    rank writes 1/TP of every chunk's bytes and loads all of them."""
+    pytest.importorskip("vllm", reason="the fixtures build vLLM's own KV cache config types")
+    from fixtures import ascend_layouts as AL
+
+    from lmcache_ascend.planning.planner import build_plan
+    from lmcache_ascend.planning.replication import per_rank_table
+
+    seen = set()
+    for lay in AL.all_layouts():
+        if not lay.name.startswith(("dsv4", "dsa", "glm")):
+            continue
+        seen.add(lay.name.split("-")[0])
+        built = lay.build(False)
+        plan = build_plan(built.kv_caches, lay.groups, lay.chunk_size, lay.config, lay.hints)
+        gb = dict(plan.group_bytes())
+        total = sum(gb.values())
+        assert total == plan.chunk_bytes
+        text = per_rank_table(lay.groups, gb)
+        for tp in (8, 16):
+            assert replication(lay.groups, tp).single_copy, lay.name
+            assert f"TP {tp:<3} chunk: {total / tp:,.0f} / {total:,} written per rank, {total:,} loaded" in text
+    assert {"dsv4", "dsa"} <= seen, seen

@@ -5,9 +5,9 @@ parallel settings it refuses at startup.
 Storing a replicated cache once: every rank looks its chunks up under the
 same TP-independent keys, so each rank can load a chunk any rank stored,
 but only from a backend the ranks share (LMCache's ``remote_url``). With
-one, the ranks stripe: chunk ``i`` of a prompt is stored by rank ``i % tp``
-alone (bytes 1/TP, store time about 1/TP per rank), and every rank loads
-every chunk from the shared backend. Without one (each rank's LMCache CPU
+one, the ranks stripe: each store's chunks are cut into TP contiguous parts
+and each rank writes one (``Stripe``; bytes 1/TP, store time about 1/TP
+per rank), and every rank loads every chunk from the shared backend. Without one (each rank's LMCache CPU
 cache is its own process memory), every rank stores every chunk, as for a
 sharded cache, and says so once at startup.
 
@@ -29,13 +29,24 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Stripe:
-    """This rank stores chunk ``i`` only when ``i % size == rank``."""
+    """Which chunks of a store this rank writes. A store of ``k`` chunks
+    from chunk index ``first`` is cut into ``size`` contiguous parts (one
+    LMCache call per rank: its per-call cost is paid once, not per chunk),
+    part ``p`` going to rank ``(p + first) % size`` so that stores of one
+    chunk per step rotate over the ranks. Every rank derives the same cut
+    from the same scheduler output, so each chunk has exactly one writer."""
 
     rank: int
     size: int
 
-    def owns(self, chunk_index: int) -> bool:
-        return chunk_index % self.size == self.rank
+    def owner(self, first: int, k: int, j: int) -> int:
+        """The rank that writes chunk ``first + j`` of a ``k``-chunk store."""
+        return (j * self.size // k + first) % self.size
+
+    def part(self, first: int, k: int) -> tuple[int, int]:
+        """This rank's chunks ``[j0, j1)`` of the store (j0 == j1: none)."""
+        mine = [j for j in range(k) if self.owner(first, k, j) == self.rank]
+        return (mine[0], mine[-1] + 1) if mine else (0, 0)
 
 
 def tp_layout(vllm_config: Any) -> tuple[int, int]:
@@ -97,8 +108,9 @@ def store_stripe(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_con
         return rep, None
     if rank == 0:
         logger.info(
-            "lmcache-ascend: the cache is replicated across the %d TP ranks: chunk i is stored "
-            "once, by rank i %% %d, in the shared backend; every rank loads every chunk",
+            "lmcache-ascend: the cache is replicated across the %d TP ranks: each chunk is stored "
+            "once, in the shared backend, by one rank (each rank writes 1/%d of every store); every "
+            "rank loads every chunk",
             tp,
             tp,
         )

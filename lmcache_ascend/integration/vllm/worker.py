@@ -353,16 +353,17 @@ class WorkerHalf:
     stripe: Any = None
 
     def _stripe_runs(self, runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """The parts of ``runs`` this rank stores: every chunk without a
-        stripe, else the chunks whose index (from the prompt's start) is this
-        rank's. Another rank stores the others under the same keys."""
+        """The part of each run this rank stores: all of it without a
+        stripe, else its contiguous share (another rank stores the rest
+        under the same keys)."""
         if self.stripe is None:
             return runs
         out = []
         for start, end in runs:
-            for s in range(start, end, self.chunk_size):
-                if self.stripe.owns(s // self.chunk_size):
-                    out.append((s, min(end, s + self.chunk_size)))
+            first, k = start // self.chunk_size, -(-(end - start) // self.chunk_size)
+            j0, j1 = self.stripe.part(first, k)
+            if j1 > j0:
+                out.append((start + j0 * self.chunk_size, min(end, start + j1 * self.chunk_size)))
         return out
 
     def _store_one(self, req: RequestTransfer) -> None:
