@@ -90,7 +90,9 @@ class Replication:
             rep = index in self.replicated_groups
             n = (group_bytes or {}).get(index)
             size = f"{n} B per chunk" if n is not None else "its bytes"
-            if rep and self.single_copy and (shared or self.tp == 1):
+            if rep and self.single_copy and self.tp == 1:
+                what = f"replicated: {size} stored once (keys without TP size or rank)"
+            elif rep and self.single_copy and shared:
                 what = (f"replicated: {size} stored once (keys without TP size or rank), each rank "
                         f"writing 1/{self.tp} of the chunks; every rank loads every chunk")
             elif rep and self.single_copy:
@@ -103,10 +105,13 @@ class Replication:
             else:
                 what = f"sharded: each of {self.tp} rank(s) stores its own slice, {size} (keys carry TP size and rank)"
             lines.append(f"  g{index:<2} {what}")
-        head = (
-            f"tensor parallel {self.tp}: "
-            + ("one copy per chunk (TP-independent keys)" if self.single_copy else "per-rank chunks")
-        )
+        if not self.single_copy:
+            mode = "per-rank chunks"
+        elif shared or self.tp == 1:
+            mode = "one copy per chunk (TP-independent keys)"
+        else:
+            mode = "TP-independent keys, a copy per rank (no shared backend)"
+        head = f"tensor parallel {self.tp}: {mode}"
         return "\n".join([head] + lines)
 
 

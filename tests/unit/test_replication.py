@@ -30,6 +30,7 @@ def test_mla_family_is_one_copy(groups):
     assert "one copy per chunk" in rep.describe()
     assert bytes_per_rank({g.index: 800 for g in groups}, rep) == 100 * len(groups)
     assert "no shared backend" in rep.describe(shared=False)
+    assert "one copy per chunk" not in rep.describe(shared=False)
 
 
 def test_heads_split_are_per_rank():
