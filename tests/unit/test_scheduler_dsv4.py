@@ -303,3 +303,49 @@ def test_without_the_compressor_state_the_resume_would_read_stale_rows(engine):
     bad = engine.unread_rows("c", 640)
     assert bad and all(".compressor.state_cache" in b for b in bad)
     engine.finish("c")
+
+
+@pytest.mark.skipif(not A3.HAS_TOKENS_PER_STATE, reason="vLLM >= 0.29 (token-counted specs, scheduler_block_size)")
+@pytest.mark.parametrize("ext", [128, 640, 896])
+def test_vllms_kv_cache_manager_accepts_128_token_external_hits(ext):
+    """vLLM's own KVCacheManager (0.29, 0.30, 0.32), with the 0.30.0rc2
+    DeepSeek-V4 groups' block sizes and managers (vLLM-Ascend registers
+    FullAttentionManager for AscendMLAAttentionSpec and SlidingWindowManager
+    for AscendSlidingWindowMLASpec, core/kv_cache_interface.py
+    register_ascend_kv_cache_specs) and the 16384-token scheduler block
+    size, allocates a request whose external hit is any multiple of 128:
+    nothing rounds it to 16384."""
+    import inspect
+
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec, SlidingWindowMLASpec
+
+    if "scheduler_block_size" not in inspect.signature(KVCacheManager.__init__).parameters:
+        pytest.skip("this vLLM's KVCacheManager has no scheduler_block_size")
+    layout = AL3.dsv4("0.30.0rc2")
+    mla = dict(num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
+    groups = []
+    for g in layout.groups:
+        if g.sliding_window is None:
+            spec = MLAAttentionSpec(block_size=g.block_size, tokens_per_state=g.compress_ratio, **mla)
+        else:
+            spec = SlidingWindowMLASpec(block_size=g.block_size, sliding_window=g.sliding_window, **mla)
+        groups.append(KVCacheGroupSpec([f"g{g.index}"], spec))
+    sched_block = math.lcm(*(g.block_size for g in layout.groups))
+    assert sched_block == 16384
+    mgr = KVCacheManager(
+        KVCacheConfig(num_blocks=800, kv_cache_tensors=[], kv_cache_groups=groups),
+        max_model_len=40000, scheduler_block_size=sched_block,
+        hash_block_size=math.gcd(*(g.block_size for g in layout.groups)), enable_caching=True,
+    )
+    req = Request("r", prompt(1000, 3), SamplingParams(max_tokens=1), None)
+    blocks, local = mgr.get_computed_blocks(req)[:2]
+    assert local == 0
+    out = mgr.allocate_slots(
+        req, 1000 - ext, num_new_computed_tokens=local, new_computed_blocks=blocks, num_external_computed_tokens=ext
+    )
+    assert out is not None
+    ids = mgr.get_block_ids("r")
+    # Tables cover the whole prompt in token-counted blocks: 2 C4 blocks of
+    # 512 tokens, 1 C128 block of 16384, 8 SWA blocks of 128.
+    assert [len(ids[0]), len(ids[1])] == [2, 1] and len(ids[2]) == math.ceil(1000 / 128)
