@@ -37,6 +37,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
@@ -284,15 +285,30 @@ def failure_counts() -> dict[str, int]:
         return dict(FAILURES)
 
 
+SUMMARY_EVERY_S = 60.0
+_last_summary = [0.0]
+
+
 def _failed(op: str, code: Any, n: int = 1) -> None:
+    """Count a failed store operation. The first of each kind is logged
+    with its code; after that the counts, at most once a minute (an outage
+    fails every request: one line per failure would drown the log), and at
+    close."""
+    now = time.monotonic()
     with _lock:
         FAILURES[op] += n
         first = FAILURES[op] == n
+        summary = not first and now - _last_summary[0] >= SUMMARY_EVERY_S
+        if first or summary:
+            _last_summary[0] = now
+        counts = dict(FAILURES)
     if first:
         logger.warning(
             "lmcache-ascend: Mooncake %s failed (code %s); served as a miss, nothing is lost. Further "
-            "%s failures are counted, not logged (the count is logged at close)", op, code, op,
+            "%s failures are counted and summed up at most once a minute", op, code, op,
         )
+    elif summary:
+        logger.warning("lmcache-ascend: Mooncake failures so far: %s", counts)
 
 
 class CheckedStore:
