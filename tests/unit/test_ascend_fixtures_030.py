@@ -168,3 +168,26 @@ def test_explain_names_the_refused_layer():
     log = f"INFO starting\nERROR worker failed\nValueError: {err.value}\nINFO shutdown\n"
     assert startup_refusal(log) == str(err.value) and "turboquant_4bit_nc" in startup_refusal(log)
     assert startup_refusal("INFO nothing\n") == ""
+
+
+def test_kvpp_is_refused_at_startup_from_the_engine_config():
+    """Scratch buffers may be shared across groups too (DeepSeek-V4's SWA
+    subgroups), where addresses alias legitimately: KVPP itself is refused
+    from vLLM-Ascend's switch (ascend_config.py KVPPConfig.from_vllm_config:
+    additional_config enable_kvpp, size TP x PCP)."""
+    from types import SimpleNamespace
+
+    from lmcache_ascend.integration.vllm.vllm_layout import engine_identity
+
+    def cfg(enable: bool, tp: int):
+        return SimpleNamespace(
+            additional_config={"enable_kvpp": enable},
+            parallel_config=SimpleNamespace(tensor_parallel_size=tp, prefill_context_parallel_size=1, rank=0, world_size=tp),
+            kv_transfer_config=SimpleNamespace(engine_id="e"),
+            model_config=SimpleNamespace(model="m"),
+        )
+
+    with pytest.raises(ValueError, match=r"enable_kvpp=True \(KV layer parallelism over 2 ranks\).*valid: enable_kvpp false"):
+        engine_identity(cfg(True, 2))
+    assert engine_identity(cfg(True, 1)) == ("m", "e", 0, 1)  # size 1: KVPPConfig() (off)
+    assert engine_identity(cfg(False, 2)) == ("m", "e", 0, 2)

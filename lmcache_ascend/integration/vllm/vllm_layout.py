@@ -140,16 +140,11 @@ def _spec_refusal(spec: KVCacheSpec) -> Optional[str]:
             return f"{flag}=True: {what} is not supported; valid: {flag}=False"
     cache_dtype = str(getattr(spec, "cache_dtype_str", None) or "")
     if cache_dtype.startswith(_UNCHECKED_CACHE_DTYPE_PREFIX):
-        return (
-            f"cache_dtype_str={cache_dtype!r}: TurboQuant KV caches (DeepSeek-V4 C4 rows of 258 bytes in "
-            "their own grouping) are not supported; use another --kv-cache-dtype"
-        )
+        return f"cache_dtype_str={cache_dtype!r}: TurboQuant KV caches are not supported; use another --kv-cache-dtype"
     # A field at its default 1 declares nothing; the base KVCacheSpec's
     # tokens_per_state (vLLM 0.29+) raises: only attention specs carry it.
     names = ("compress_ratio", "tokens_per_state") if isinstance(spec, AttentionSpec) else ("compress_ratio",)
-    declared = {
-        name: v for name in names if (v := _ratio_value(getattr(spec, name, None))) is not None and v > 1
-    }
+    declared = {n: v for n in names if (v := _ratio_value(getattr(spec, n, None))) is not None and v > 1}
     if len(set(declared.values())) > 1:
         return f"declares {declared}: which one the kernels use is not known; valid: equal ratios"
     if not _prefix_cacheable(spec) or isinstance(spec, MambaSpec):
@@ -161,9 +156,8 @@ def _spec_refusal(spec: KVCacheSpec) -> Optional[str]:
         # A block of block_size tokens must hold block_size // ratio rows.
         rows = int(storage(spec))
         if rows * ratio != int(spec.block_size):
-            return (
-                f"vLLM-Ascend stores {rows} rows per block (get_storage_block_size), but block_size "
-                f"{spec.block_size} tokens at {ratio} tokens per row needs {int(spec.block_size) // ratio}"
+            return f"get_storage_block_size gives {rows} rows; block_size {spec.block_size} at ratio {ratio} needs " + (
+                f"{int(spec.block_size) // ratio}"
             )
     return None
 
@@ -194,15 +188,12 @@ def _facts(layer: str, spec: KVCacheSpec) -> _SpecFacts:
     tokens = block * ratio if _counts_rows(spec) else block
     page_rows = _page_rows(spec)
     if ratio > 1 and page_rows is not None and page_rows * ratio != tokens:
-        # The page vLLM-Ascend sizes holds page_rows rows; a block read as
-        # `tokens` tokens would address tokens // ratio of them. 512 and
-        # 16384 (0.27.1rc1+ C4 / C128) are multiples of 128 rows, so the
-        # planner's rows check alone would not notice a 4x mis-read.
+        # A 4x mis-read the planner's rows check would miss: 512 and 16384
+        # (0.27.1rc1+ C4 / C128 tokens) are multiples of 128 rows.
         raise ValueError(
-            f"layer {layer!r} ({type(spec).__name__}): its page holds {page_rows} rows, but "
-            f"block_size {block} read as {tokens} tokens per block at {ratio} tokens per row needs "
-            f"{tokens // ratio}; vLLM-Ascend's block unit (rows or tokens) is not what this connector "
-            "expects for this release"
+            f"layer {layer!r} ({type(spec).__name__}): its page holds {page_rows} rows, but block_size "
+            f"{block} read as {tokens} tokens per block at {ratio} tokens per row needs {tokens // ratio}; "
+            "vLLM-Ascend's block unit (rows or tokens) is not the one expected for this release"
         )
     return _SpecFacts(kind, window, ratio, tokens)
 
@@ -212,22 +203,15 @@ def _page_rows(spec: KVCacheSpec) -> Optional[int]:
     (head x dtype + scale_dim x scale dtype)); None where that formula does
     not apply (packed SFA-C8, padded page, not an Ascend spec)."""
     packed = getattr(spec, "cache_sparse_sfa_c8", False) or getattr(spec, "sparse_head_dim", None)
-    if type(spec).__name__ not in _ROW_COUNTED_SPECS or not _is_ascend_spec(spec) or packed:
-        return None
-    if getattr(spec, "page_size_padded", None) is not None:
+    padded = getattr(spec, "page_size_padded", None) is not None
+    if type(spec).__name__ not in _ROW_COUNTED_SPECS or not _is_ascend_spec(spec) or packed or padded:
         return None
     # Not real_page_size_bytes: vLLM-Ascend 0.23.0 overrides only
     # page_size_bytes; vLLM's base real_page_size_bytes counts ratio rows.
-    page = spec.page_size_bytes
-    row = int(spec.num_kv_heads) * (
-        int(spec.head_size) * _dtype_bytes(spec.dtype)
-        + int(getattr(spec, "scale_dim", 0) or 0) * _dtype_bytes(getattr(spec, "scale_dtype", spec.dtype))
-    )
-    return int(page) // row if row and int(page) % row == 0 else None
-
-
-def _dtype_bytes(dtype: Any) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+    page, size = int(spec.page_size_bytes), lambda d: torch.empty((), dtype=d).element_size()
+    scale = int(getattr(spec, "scale_dim", 0) or 0) * size(getattr(spec, "scale_dtype", spec.dtype))
+    row = int(spec.num_kv_heads) * (int(spec.head_size) * size(spec.dtype) + scale)
+    return page // row if row and page % row == 0 else None
 
 
 def _layer_specs(group: Any) -> dict[str, KVCacheSpec]:
@@ -468,8 +452,24 @@ def kv_transfer_extra_config(vllm_config: Any) -> dict[str, Any]:
     return dict(ktc.kv_connector_extra_config or {})
 
 
+def _refuse_kvpp(vllm_config: Any) -> None:
+    """vLLM-Ascend 0.28.0rc1+'s KV layer parallelism (ascend_config.py
+    KVPPConfig: enable_kvpp, TP x PCP > 1) puts the layers a rank does not own
+    in shared scratch buffers (worker/kvpp_cache.py), across groups too."""
+    pc = vllm_config.parallel_config
+    size = int(pc.tensor_parallel_size) * int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
+    extra = getattr(vllm_config, "additional_config", None)
+    if isinstance(extra, dict) and extra.get("enable_kvpp") and size > 1:
+        raise ValueError(
+            f"additional_config enable_kvpp=True (KV layer parallelism over {size} ranks): layers a rank "
+            "does not own share scratch buffers holding no KV of theirs; valid: enable_kvpp false"
+        )
+
+
 def engine_identity(vllm_config: Any) -> tuple[str, str, int, int]:
-    """(model name, engine id, tp rank, world size) for LMCache metadata."""
+    """(model name, engine id, tp rank, world size) for LMCache metadata; both
+    halves read it at startup, so options it cannot serve are refused here."""
+    _refuse_kvpp(vllm_config)
     ktc = vllm_config.kv_transfer_config
     pc = vllm_config.parallel_config
     return (
