@@ -119,6 +119,18 @@ def test_rings_are_state_never_stored_and_block_hits():
     }
     plan = build_plan(kv, gs, 128)
     assert plan.stored_groups == frozenset({0}) and plan.unrestorable_groups == frozenset({1, 2})
+    # The scheduler half, given those groups as hit blockers (wiring.hit_blockers),
+    # never reports a hit, even where LMCache holds every chunk.
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.request import Request
+
+    from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
+    from lmcache_ascend.integration.vllm.vllm_layout import request_view
+
+    half = SchedulerHalf(gs, 128, lambda tokens, req_id: len(tokens) // 128 * 128,
+                         hit_blockers=unrestorable_groups(gs, AscendConfig()))
+    req = Request("r", list(range(1, 1001)), SamplingParams(max_tokens=1), None)
+    assert half.get_num_new_matched_tokens(request_view(req), 0) == (0, False)
 
 
 def test_kvpp_scratch_buffers_shared_by_layers_are_refused():
