@@ -70,9 +70,13 @@ def _stop(proc: Optional[subprocess.Popen]) -> None:
 class MooncakeStore:
     """Master plus segment holder; use as a context manager."""
 
-    def __init__(self, workdir: Path, segment: str = "256MB", http_metadata: bool = False) -> None:
+    def __init__(self, workdir: Path, segment: str = "256MB", http_metadata: bool = False,
+                 holder: bool = True, master_args: tuple[str, ...] = ()) -> None:
         self.workdir = Path(workdir)
+        # Mooncake refuses segments below 16 MB.
         self.segment = segment
+        self.with_holder = holder
+        self.master_args = tuple(master_args)
         self.http_metadata = http_metadata
         self.master_port = free_port()
         self.metrics_port = free_port()
@@ -126,12 +130,14 @@ class MooncakeStore:
             "--metrics_host=127.0.0.1",
             f"--enable_http_metadata_server={'true' if self.http_metadata else 'false'}",
         ]
+        args += list(self.master_args)
         if self.metadata_port is not None:
             args += ["--http_metadata_server_host=127.0.0.1", f"--http_metadata_server_port={self.metadata_port}"]
         with self._log("master") as log:
             self.master = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=str(self.workdir))
         self._wait(self.master, self.master_port, "mooncake_master")
-        self.start_holder()
+        if self.with_holder:
+            self.start_holder()
         return self
 
     def start_holder(self) -> None:

@@ -1,0 +1,278 @@
+"""Mooncake store as LMCache's remote backend, against a real
+``mooncake_master`` and segment holder (``mooncake_client``) on 127.0.0.1
+(tests/integration/mooncake_server.py), stopped by PID.
+
+* Startup validation: configurations that cannot work are refused within
+  seconds, naming the key (the probe against real stores: no segment
+  holder, a metadata-server mismatch; one real engine refusing a legacy key).
+* Sharing: engine A stores, engine B (a fresh process with no local CPU
+  cache, so every hit comes from Mooncake) hits, on a Llama-like and a
+  Gemma-3-like model. Every completion equals the no-connector run of the
+  same prompt (tokens, logprobs within 1e-3).
+* Faults mid-run: the segment holder killed (B of the Llama pair, after
+  its hits); the store full, then the master killed (one run, own store).
+  Requests are served exactly (as misses), the engine exits by itself,
+  and the failures are counted and logged once (lmcache_bridge/mooncake.py).
+
+Mooncake is installed by ``make system-deps``; without it these tests fail
+(mooncake_server.mooncake_bin raises), they never skip.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lmcache_ascend.cli.engine_run import Phase, Scenario
+from faults import CHUNK, FAULT_LOG_TAG, faulty_transfer_config, mismatch, reference_outputs, reliability_prompts
+from faults import request_transfers, run_engine_process
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mooncake_server import MooncakeStore  # noqa: E402
+from test_faults import FLUSH, Run  # noqa: E402
+
+pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
+
+TWO = 2 * CHUNK  # whole chunks of every E prompt
+EXIT_BOUND_S = 60.0
+
+
+def _config(remote_url: str, extra: dict):
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    return LMCacheEngineConfig.from_defaults(remote_url=remote_url, remote_serde="naive", extra_config=extra)
+
+
+def _check(store: MooncakeStore, **overrides) -> float:
+    """Runs the connector's config validation; returns its seconds."""
+    from lmcache_ascend.lmcache_bridge.config import validate_engine_config
+
+    t = time.monotonic()
+    validate_engine_config(_config(f"mooncakestore://{store.master_addr}/", store.extra_config(**overrides)), {})
+    return time.monotonic() - t
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("mooncake")
+
+
+@pytest.fixture(scope="module")
+def store(work):
+    """The module's shared store (256 MB held by one segment holder) for
+    the probes and the sharing runs; fault runs get their own."""
+    with MooncakeStore(work / "shared", segment="256MB") as s:
+        yield s
+
+
+# ---- startup validation against real stores ---------------------------------
+
+
+def test_working_store_passes_in_seconds(store):
+    assert _check(store) < 10
+
+
+def test_segment_size_zero_without_holder_is_refused(work):
+    from lmcache_ascend.lmcache_bridge.mooncake import MooncakeConfigError
+
+    with MooncakeStore(work / "no_holder", holder=False) as s:
+        t = time.monotonic()
+        with pytest.raises(MooncakeConfigError) as err:
+            _check(s)
+        assert time.monotonic() - t < 15
+    text = str(err.value)
+    assert "'mooncake_global_segment_size'=0" in text and "mooncake_client --global_segment_size" in text, text
+
+
+def test_metadata_server_mismatch_is_refused(work):
+    """The holder registered through the master's HTTP metadata server;
+    an engine configured for P2PHANDSHAKE cannot reach its segment."""
+    from lmcache_ascend.lmcache_bridge.mooncake import MooncakeConfigError
+
+    with MooncakeStore(work / "http_meta", segment="16MB", http_metadata=True) as s:
+        assert _check(s) < 10  # the matching metadata server works
+        with pytest.raises(MooncakeConfigError) as err:
+            _check(s, mooncake_metadata_server="P2PHANDSHAKE")
+    assert "'mooncake_metadata_server'='P2PHANDSHAKE'" in str(err.value), str(err.value)
+
+
+def test_engine_with_ignored_key_is_refused_at_startup(store, work, tiny_model):
+    """LMCache's legacy key: Mooncake 0.3.13 ignores it, and without the
+    check the engine started after ~90 s of retries and no-opped. The check
+    runs before LMCache's engine is built: the worker's first error names
+    the key, and Mooncake never retried."""
+    env = store.engine_env()
+    extra = json.loads(env["LMCACHE_EXTRA_CONFIG"])
+    extra["master_server_address"] = extra.pop("mooncake_master_server_addr")
+    env["LMCACHE_EXTRA_CONFIG"] = json.dumps(extra)
+    run = run_engine_process(
+        Scenario(model=tiny_model("llama"), phases=[Phase("never", [[1, 2, 3]])]), work, "ignored_key",
+        env=env, timeout_s=240,
+    )
+    assert run.results is None and run.returncode not in (0, None), run.log[-3000:]
+    assert "'master_server_address'" in run.log and "'mooncake_master_server_addr'" in run.log, run.log[-3000:]
+    assert "Client is not initialized" not in run.log
+
+
+# ---- sharing, and the segment holder killed ---------------------------------
+
+
+def _remote_env(store: MooncakeStore, local_cpu: bool) -> dict[str, str]:
+    env = store.engine_env()
+    env.update(
+        LMCACHE_LOCAL_CPU=str(local_cpu),
+        LMCACHE_MAX_LOCAL_CPU_SIZE="0.2",
+        LMCACHE_CHUNK_SIZE=str(CHUNK),
+        # A loaded 2-core machine must not turn a slow lookup into a miss.
+        LMCACHE_LOOKUP_TIMEOUT_MS="10000",
+    )
+    return env
+
+
+def _run(model, work, tag, phases, env, faulty=True) -> Run:
+    """phases: (name, prompt names, reset vLLM's prefix cache first);
+    requests one by one, numbered in order (test_faults.run_phases)."""
+    prompts = reliability_prompts()
+    scenario = Scenario(
+        model=model,
+        phases=[Phase(n, [prompts[p] for p in ps], reset_prefix_cache=r, sequential=True) for n, ps, r in phases]
+        + [Phase("flush", [FLUSH], sequential=True)],
+        connector="none" if faulty else "ascend",
+        engine_kwargs={"kv_transfer_config": faulty_transfer_config()} if faulty else {},
+    )
+    proc = run_engine_process(scenario, work, tag, env=env, timeout_s=400, exit_bound_s=EXIT_BOUND_S)
+    return Run(proc, [p for _, ps, _ in phases for p in ps], reference_outputs(model, work))
+
+
+def _hits(run: Run) -> list[tuple[int, int]]:
+    tr = run.transfers()
+    return [(tr[i].hit, tr[i].loaded) if i in tr else None for i in range(len(run.names))]
+
+
+def _failures(log: str) -> list[str]:
+    return re.findall(r"Mooncake (\w+) failed \(code (-?\d+|None)\)", log)
+
+
+@pytest.fixture(scope="module")
+def llama_pair(work, tiny_model):
+    """A stores E0, E1; B (no local CPU cache) hits both from Mooncake,
+    then its segment holder is killed before B's 3rd lookup."""
+    model = tiny_model("llama")
+    with MooncakeStore(work / "llama", segment="64MB") as s:
+        a = _run(model, work, "llama_a", [("store", ["E0", "E1"], False)], _remote_env(s, True), faulty=False)
+        env = _remote_env(s, False)
+        env.update(LMCA_FAULT_PID=str(s.holder.pid), LMCA_FAULT_SIGNALS="3:KILL")
+        b = _run(
+            model, work, "llama_b",
+            [
+                ("shared", ["E0", "E1"], False),  # 0, 1: hits stored by A
+                ("holder_killed", ["E0"], True),  # 2: holder killed before this lookup
+                ("new", ["E2"], True),  # 3: its store cannot land
+                ("again", ["E1", "E2"], True),  # 4, 5
+            ],
+            env,
+        )
+        assert s.holder.poll() is not None, "the segment holder was not killed"
+    return a, b
+
+
+def test_llama_engine_b_hits_what_a_stored(llama_pair):
+    a, b = llama_pair
+    assert a.assert_all_identical() == 2
+    assert [a.transfers()[i].stored for i in (0, 1)] == [TWO, TWO]
+    assert b.assert_all_identical() == 6
+    assert _hits(b)[:2] == [(TWO, TWO), (TWO, TWO)]
+
+
+def test_segment_holder_killed_is_served_as_misses(llama_pair):
+    _, b = llama_pair
+    assert f"{FAULT_LOG_TAG} sent SIGKILL" in b.log
+    for i in range(2, 6):
+        hit, loaded = _hits(b)[i]
+        assert loaded == 0, (i, _hits(b))  # never a byte from a dead holder
+    fails = _failures(b.log)
+    assert fails, "the holder's loss was not logged"
+    assert len(fails) == len(set(op for op, _ in fails)), fails  # logged once per kind
+    b.assert_exited_in_bound()
+
+
+# ---- the store full, then the master killed ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def full_then_master_killed(work, tiny_model) -> Run:
+    """16 MB (Mooncake's smallest segment) against 42 chunks of 512 KiB:
+    later puts are refused (-200). Then the master is killed (one engine run for both faults: each engine
+    start costs ~30 s of the CI budget)."""
+    model = tiny_model("llama")
+    fill = [f"S{i}" for i in range(6)] + [f"E{i}" for i in range(12)]
+    # No eviction (Mooncake otherwise evicts 5 % of the objects, leased or
+    # not, whichever is oldest when a put finds no room, so which prompt
+    # survives would follow timing): the first 28 chunks stay, the rest are
+    # refused.
+    with MooncakeStore(work / "full", segment="16MB", master_args=(
+            "--eviction_high_watermark_ratio=1.0", "--eviction_ratio=0", "--default_kv_lease_ttl=600000")) as s:
+        env = _remote_env(s, False)
+        env.update(LMCA_FAULT_PID=str(s.master.pid), LMCA_FAULT_SIGNALS="21:KILL")
+        run = _run(
+            model, work, "full_then_master_killed",
+            [
+                ("fill", fill, False),  # 0..17: the store fills up
+                ("first", ["S0"], True),  # 18: stored before it filled: a hit
+                ("last", ["E11"], True),  # 19: found no room: a miss
+                ("after_kill", ["S0"], True),  # 20: master killed before this lookup
+                ("new", ["E0"], True),  # 21
+            ],
+            env,
+        )
+        assert s.master.poll() is not None, "the master was not killed"
+    return run
+
+
+def test_store_full_is_served_and_counted(full_then_master_killed):
+    run = full_then_master_killed
+    assert run.assert_all_identical() == 22
+    tr = run.transfers()
+    assert (tr[18].hit, tr[18].loaded) == (3 * CHUNK, 3 * CHUNK), tr.get(18)
+    assert tr[19].hit == 0, tr.get(19)
+    fails = _failures(run.log)
+    assert ("put", "-200") in fails, fails  # NO_AVAILABLE_HANDLE: the pool is full
+    assert len(fails) == len(set(op for op, _ in fails)), fails  # logged once per kind
+    run.assert_exited_in_bound()
+
+
+def test_master_killed_is_served_as_misses(full_then_master_killed):
+    run = full_then_master_killed
+    assert f"{FAULT_LOG_TAG} sent SIGKILL" in run.log
+    # Mooncake answers is_exist with an error code (-900) once the master
+    # is gone; LMCache alone would read it as a hit (then fail the get).
+    tr = run.transfers()
+    assert (tr[20].hit, tr[21].hit) == (0, 0), (tr.get(20), tr.get(21))
+    assert ("lookup", "-900") in _failures(run.log), _failures(run.log)
+
+
+# ---- sharing on a Gemma-3-like model (several KV cache groups) ---------------
+
+
+@pytest.fixture(scope="module")
+def gemma_pair(work, tiny_model, store):
+    model = tiny_model("gemma3")
+    a = _run(model, work, "gemma_a", [("store", ["S0", "S1"], False)], _remote_env(store, True), faulty=False)
+    b = _run(model, work, "gemma_b", [("shared", ["S0", "S1"], False)], _remote_env(store, False), faulty=False)
+    return a, b
+
+
+def test_gemma3_engine_b_hits_what_a_stored(gemma_pair):
+    a, b = gemma_pair
+    assert a.assert_all_identical() == 2
+    assert [a.transfers()[i].stored for i in (0, 1)] == [3 * CHUNK] * 2
+    assert b.assert_all_identical() == 2
+    assert _hits(b) == [(3 * CHUNK, 3 * CHUNK)] * 2
+    assert not _failures(b.log)
+    for r in (a, b):
+        r.assert_exited_in_bound()
