@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -68,11 +69,17 @@ class PhaseResult:
     # Preemptions while the phase ran (vLLM's vllm:num_preemptions counter,
     # which every supported vLLM has; per-request counts exist only in 0.32).
     preemptions: int = 0
+    # The connector's Prometheus counters (vllm:lmcache_ascend_<name>_total)
+    # at the end of the phase, cumulative, by <name>; empty where vLLM's
+    # offline engine exports none.
+    counters: dict[str, float] = field(default_factory=dict)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> "PhaseResult":
         comps = [Completion(**c) for c in data["completions"]]
-        return PhaseResult(data["name"], comps, data["seconds"], data.get("preemptions", 0))
+        return PhaseResult(
+            data["name"], comps, data["seconds"], data.get("preemptions", 0), data.get("counters", {})
+        )
 
 
 def _preemptions(llm: Any) -> int:
@@ -80,6 +87,19 @@ def _preemptions(llm: Any) -> int:
         if metric.name == "vllm:num_preemptions":
             return int(getattr(metric, "value", 0) or 0)
     return 0
+
+
+# Prometheus' client names a counter family without its "_total" suffix.
+_COUNTER = re.compile(r"^vllm:lmcache_ascend_(\w+?)(?:_total)?$")
+
+
+def _connector_counters(llm: Any) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        m = _COUNTER.match(metric.name)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(getattr(metric, "value", 0) or 0)
+    return out
 
 
 def kv_transfer_config(s: Scenario) -> Optional[dict[str, Any]]:
@@ -155,7 +175,9 @@ def run(s: Scenario, progress=None) -> list[PhaseResult]:
                 lps = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs or [])]
                 ttft = float(getattr(o.metrics, "first_token_latency", float("nan")) or float("nan"))
                 comps.append(Completion(list(c.token_ids), lps, int(o.num_cached_tokens or 0), secs, ttft))
-            results.append(PhaseResult(phase.name, comps, dt, _preemptions(llm) - preempted_before))
+            results.append(
+                PhaseResult(phase.name, comps, dt, _preemptions(llm) - preempted_before, _connector_counters(llm))
+            )
     finally:
         del llm
     return results

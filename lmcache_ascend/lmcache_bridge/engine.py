@@ -246,8 +246,12 @@ class WorkerEngine:
         return self.engine.retrieve(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
 
     def store(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> None:
-        ctx = dataclasses.replace(ctx, chunk_ids=self.chunk_ids(tokens))
+        ids = self.chunk_ids(tokens)
+        ctx = dataclasses.replace(ctx, chunk_ids=ids)
         self.engine.store(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
+        if self.staging is not None:
+            first = int(mask.long().argmax()) if bool(mask.any()) else len(mask)
+            self.staging.stored([ident for start, ident in ids.items() if start >= first])
 
     def claim(self, lookup_id: str) -> Optional[Claim]:
         """What ``lookup_id``'s lookup staged, or None (nothing staged)."""

@@ -11,8 +11,9 @@ chunk's key: ``chunk_io``), and holds a reference to it in this process until
 the load copies it or the scheduler lets the request go. It reports only the
 prefix of chunks that verified; a chunk that did not is counted, logged once
 with its key and reason, removed where the backend can remove it, and
-skipped by later lookups for ``QUARANTINE_S`` (a remote entry is overwritten
-by the store of the request that recomputes it).
+skipped by later lookups for ``QUARANTINE_S`` or until this process stores it
+again (a remote entry is overwritten by the store of the request that
+recomputes it).
 
 After a lookup answered N tokens, nothing between it and the load touches the
 store: the load copies from the held objects (``claim``/``release_claim``).
@@ -115,7 +116,8 @@ class LookupStaging:
         self._lock = threading.Lock()
         self._entries: dict[Any, _Entry] = {}
         self._registrations: dict[str, _Registration] = {}
-        self._quarantine: "OrderedDict[Any, float]" = OrderedDict()
+        # Chunk hash -> when it was refused.
+        self._quarantine: "OrderedDict[int, float]" = OrderedDict()
         self._tokens = itertools.count(1)
         self._counts = StagingCounts()
 
@@ -200,18 +202,22 @@ class LookupStaging:
     def _read(self, chunks: Sequence[tuple], search_range: Optional[list], now: float) -> list[StagedChunk]:
         """Reads and verifies the longest prefix of ``chunks`` the backends
         hold; each returned chunk carries one reference for the staging."""
-        with self._lock:
-            for i, (_, _, key) in enumerate(chunks):
-                if key in self._quarantine:
-                    self._counts.quarantine_skips += 1
-                    chunks = chunks[:i]
-                    break
-        if not chunks:
-            return []
         manager = self._engine.storage_manager
         _, mapping = manager.batched_contains([key for _, _, key in chunks], search_range, False)
         out: list[StagedChunk] = []
         for location, keys in mapping.items():
+            cut = None
+            if location not in _TRUSTED:
+                # A chunk refused earlier is not read from disk or remote
+                # again (a copy this process stored since is in its CPU cache).
+                with self._lock:
+                    cut = next((i for i, key in enumerate(keys) if key.chunk_hash in self._quarantine), None)
+                    if cut is not None:
+                        self._counts.quarantine_skips += 1
+                if cut is not None:
+                    keys = keys[:cut]
+                    if not keys:
+                        return out
             backend = manager.storage_backends[location]
             objs = _read_prefix(backend, list(keys))
             ok_keys, ok_objs = [], []
@@ -241,7 +247,7 @@ class LookupStaging:
                     ok_keys.append(key)
                     ok_objs.append(obj)
             self._write_back(location, ok_keys, ok_objs)
-            if len(objs) < len(keys):
+            if cut is not None or len(objs) < len(keys):
                 return out
         return out
 
@@ -270,13 +276,14 @@ class LookupStaging:
                 self._counts.unreadable_chunks += 1
             else:
                 self._counts.checksum_failures += 1
-            self._quarantine[key] = now
-            self._quarantine.move_to_end(key)
+            self._quarantine[key.chunk_hash] = now
+            self._quarantine.move_to_end(key.chunk_hash)
             while len(self._quarantine) > QUARANTINE_MAX:
                 self._quarantine.popitem(last=False)
         logger.warning(
             "lmcache-ascend: chunk %s in %s refused at lookup: %s; served as a miss from there "
-            "(vLLM computes it), %s, skipped by this process's lookups for %.0f s",
+            "(vLLM computes it), %s, skipped by this process's lookups for %.0f s or until "
+            "this process stores it again",
             key.to_string() if hasattr(key, "to_string") else key,
             location,
             reason,
@@ -312,6 +319,13 @@ class LookupStaging:
             if not entry.holders:
                 del self._entries[key]
                 entry.obj.ref_count_down()
+
+    def stored(self, idents: Sequence[int]) -> None:
+        """This process stored these chunks again (the recomputation of a
+        refused chunk): the new copy is no longer skipped."""
+        with self._lock:
+            for ident in idents:
+                self._quarantine.pop(ident, None)
 
     # ---- load (worker thread) ---------------------------------------------
 

@@ -28,6 +28,18 @@ them from the process that builds the engine):
     ``"2:STOP,4:CONT"`` freezes it for two requests. With sequentially
     submitted prompts these are deterministic points between requests.
 
+``LMCA_FAULT_AFTER_LOOKUP``
+    Actions run right after the scheduler looked up its K-th request, i.e.
+    between that request's lookup and its load: ``"2:dropkeys:PORT"``
+    deletes that request's chunks from the Redis on 127.0.0.1:PORT,
+    ``"3:kill:PID"`` SIGKILLs a process (e.g. the redis-server);
+    comma-separated.
+``LMCA_FAULT_BEFORE_LOOKUP``
+    The same, run just before the K-th lookup, plus ``"2:flipchunk:C"``:
+    flip bytes in the file of chunk C of that request's prompt in LMCache's
+    local disk backend (``LMCACHE_LOCAL_DISK``, chunks of
+    ``LMCACHE_CHUNK_SIZE`` tokens).
+
 Every injected fault logs one ``lmcache-ascend-faults:`` line.
 
 Test support, also here:
@@ -125,6 +137,79 @@ def parse_signals(text: Optional[str]) -> dict[int, list[int]]:
     return out
 
 
+def parse_after_lookup(text: Optional[str]) -> dict[int, list[tuple[str, int]]]:
+    """``"2:dropkeys:6379,3:kill:123"`` -> {request number: [(action, arg)]}."""
+    out: dict[int, list[tuple[str, int]]] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        parts = item.strip().split(":")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("dropkeys", "kill", "flipchunk") or not parts[2].isdigit():
+            raise ValueError(
+                f"LMCA_FAULT_AFTER_LOOKUP item {item!r}: expected N:dropkeys:PORT or N:kill:PID"
+            )
+        out.setdefault(int(parts[0]), []).append((parts[1], int(parts[2])))
+    return out
+
+
+def chunk_hashes(tokens: list[int], chunk: int = 0) -> list[str]:
+    """Hex chunk hashes exactly as LMCache names the chunks (sha256_cbor,
+    the algorithm lmcache-ascend enforces), whole chunks only."""
+    import torch
+    from lmcache.utils import CacheEngineKey
+    from lmcache.v1.config import LMCacheEngineConfig
+
+    from lmcache_ascend.lmcache_bridge import lmcache_modules
+
+    cfg = LMCacheEngineConfig.from_defaults(
+        chunk_size=chunk or CHUNK, pre_caching_hash_algorithm="sha256_cbor", save_unfull_chunk=False
+    )
+    db = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE).ChunkedTokenDatabase(cfg, None)
+    out = []
+    for _, _, h in db.process_tokens(torch.tensor(tokens), make_key=False):
+        out.append(CacheEngineKey("m", 1, 0, h, torch.uint8).chunk_hash_hex)
+    return out
+
+
+def _resp(sock: Any, *args: bytes) -> bytes:
+    sock.sendall(b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args))
+    buf = b""
+    while True:  # enough for the short replies used here (KEYS of a few dozen keys)
+        chunk = sock.recv(1 << 16)
+        buf += chunk
+        if not chunk or buf.endswith(b"\r\n"):
+            return buf
+
+
+def _after_lookup(action: str, arg: int, number: int, tokens: list[int]) -> None:
+    if action == "kill":
+        try:
+            os.kill(arg, signal.SIGKILL)
+        except ProcessLookupError:
+            logger.warning("%s pid %d is gone", FAULT_LOG_TAG, arg)
+            return
+    elif action == "flipchunk":
+        disk = Path(os.environ["LMCACHE_LOCAL_DISK"].removeprefix("file://"))
+        h = chunk_hashes(tokens, int(os.environ["LMCACHE_CHUNK_SIZE"]))[arg]
+        files = [p for p in disk.rglob("*") if p.is_file() and f"@{h}@" in p.name]
+        if len(files) != 1:
+            raise RuntimeError(f"chunk {arg} of request {number}: expected one file in {disk}, found {files}")
+        data = bytearray(files[0].read_bytes())
+        for off in (17, len(data) // 3, len(data) // 2 + 5):
+            data[off] ^= 0xFF
+        files[0].write_bytes(bytes(data))
+    else:
+        import socket
+
+        hashes = [f"@{h}@".encode() for h in chunk_hashes(tokens)]
+        with socket.create_connection(("127.0.0.1", arg), timeout=10) as sock:
+            keys = [k for k in _resp(sock, b"KEYS", b"*").split(b"\r\n") if any(h in k for h in hashes)]
+            if not keys:
+                raise RuntimeError(f"no keys of request {number} in the Redis on port {arg}")
+            _resp(sock, b"DEL", *keys)
+    logger.warning("%s %s %d around the lookup of request %d", FAULT_LOG_TAG, action, arg, number)
+
+
 def _failing(fn: Callable, plan: FailPlan, what: str) -> Callable:
     lock = threading.Lock()
     count = {"calls": 0, "failed": 0}
@@ -160,6 +245,8 @@ def _build_faulty_connector():
             self._signals = parse_signals(os.environ.get("LMCA_FAULT_SIGNALS"))
             if self._signals and self._signal_pid is None:
                 raise ValueError("LMCA_FAULT_SIGNALS needs LMCA_FAULT_PID")
+            self._after_lookup = parse_after_lookup(os.environ.get("LMCA_FAULT_AFTER_LOOKUP"))
+            self._before_lookup = parse_after_lookup(os.environ.get("LMCA_FAULT_BEFORE_LOOKUP"))
 
         def register_kv_caches(self, kv_caches) -> None:
             super().register_kv_caches(kv_caches)
@@ -187,7 +274,12 @@ def _build_faulty_connector():
                     )
                 except ProcessLookupError:
                     logger.warning("%s pid %d is gone", FAULT_LOG_TAG, self._signal_pid)
-            return super().get_num_new_matched_tokens(request, num_computed_tokens)
+            for action, arg in self._before_lookup.pop(self._fault_requests, ()):
+                _after_lookup(action, arg, self._fault_requests, list(request.prompt_token_ids))
+            result = super().get_num_new_matched_tokens(request, num_computed_tokens)
+            for action, arg in self._after_lookup.pop(self._fault_requests, ()):
+                _after_lookup(action, arg, self._fault_requests, list(request.prompt_token_ids))
+            return result
 
     return FaultyLMCacheAscendConnectorV1Dynamic
 
