@@ -276,3 +276,52 @@ def test_gemma3_engine_b_hits_what_a_stored(gemma_pair):
     assert not _failures(b.log)
     for r in (a, b):
         r.assert_exited_in_bound()
+
+
+# ---- Qwen3-Next-like: KV and Mamba state shared through Mooncake -------------
+
+
+QWEN_ENGINE = {"enable_prefix_caching": True, "mamba_ssm_cache_dtype": "float32"}  # as test_mamba_hits
+
+
+def test_qwen3_next_state_hits_through_mooncake(work, tiny_model, store):
+    """A stores a 2000-token prompt (KV and the GDN state at the last block
+    boundary vLLM's align mode checkpointed); B, a fresh process with no
+    local CPU cache, hits it from Mooncake. Reference: vLLM's own
+    prefix-cache hit on the same prompt without any connector (the second
+    request of the reference engine), which resumes from the same boundary
+    through the same steps. The chunk size is left unset (the connector
+    follows vLLM's block size, which vLLM picks per machine)."""
+    from lmcache_ascend.cli.tiny_models import token_prompt
+
+    model = tiny_model("qwen3_next")
+    prompt = token_prompt(2000, seed=77)
+    kw = dict(model=model, dtype="bfloat16", engine_kwargs=QWEN_ENGINE)
+
+    def engine(tag, connector, phases, env):
+        sc = Scenario(phases=phases + [Phase("flush", [FLUSH], sequential=True)], connector=connector, **kw)
+        run = run_engine_process(sc, work, tag, env=env, timeout_s=400, exit_bound_s=EXIT_BOUND_S)
+        assert run.results is not None, f"{tag} failed:\n" + run.log[-6000:]
+        return run
+
+    ref = engine("qwen_ref", "none", [Phase("cold", [prompt], sequential=True),
+                                      Phase("own_hit", [prompt], sequential=True)], {})
+    env = {k: v for k, v in _remote_env(store, True).items() if k != "LMCACHE_CHUNK_SIZE"}
+    a = engine("qwen_a", "ascend", [Phase("store", [prompt], sequential=True)], env)
+    env_b = {k: v for k, v in _remote_env(store, False).items() if k != "LMCACHE_CHUNK_SIZE"}
+    b = engine("qwen_b", "ascend", [Phase("shared", [prompt], sequential=True)], env_b)
+
+    cold, own = ref.results[0].completions[0], ref.results[1].completions[0]
+    stored, shared = a.results[0].completions[0], b.results[0].completions[0]
+    assert own.num_cached_tokens > 0, "vLLM's own cache did not hit: no reference"
+    assert stored.tokens == cold.tokens and mismatch(stored, cold) is None, mismatch(stored, cold)
+    # B's hit came from Mooncake (its first request, empty local cache) and
+    # ends where vLLM's own hit does: the KV and the state at that boundary.
+    assert shared.num_cached_tokens == own.num_cached_tokens, (shared.num_cached_tokens, own.num_cached_tokens)
+    state = re.findall(r"Mamba state \(\d+ bytes each\): loaded (at \d+|none)", b.log)
+    assert state and state[0] == f"at {own.num_cached_tokens}", state
+    assert not _failures(b.log)
+    assert mismatch(shared, own) is None, mismatch(shared, own)
+    assert shared.tokens == cold.tokens
+    for r in (a, b):
+        assert not r.timed_out and not r.hung_at_exit and r.returncode == 0
