@@ -7,8 +7,9 @@
   holder, a metadata-server mismatch; one real engine refusing a legacy key).
 * Sharing: engine A stores, engine B (a fresh process with no local CPU
   cache, so every hit comes from Mooncake) hits, on a Llama-like and a
-  Gemma-3-like model. Every completion equals the no-connector run of the
-  same prompt (tokens, logprobs within 1e-3).
+  Gemma-3-like model (every completion equals the no-connector run of the
+  same prompt: tokens, logprobs within 1e-3), and on a Qwen3-Next-like model
+  with the GDN state (B's output equals vLLM's own prefix-cache hit).
 * Faults mid-run: the segment holder killed (B of the Llama pair, after
   its hits); the store full, then the master killed (one run, own store).
   Requests are served exactly (as misses), the engine exits by itself,
