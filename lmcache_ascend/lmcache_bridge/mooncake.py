@@ -202,7 +202,18 @@ def check_reachable(setup: Mapping[str, str], source: str) -> None:
 
 def probe(setup: Mapping[str, str], source: str) -> None:
     """A put and a get of a small probe object, from a child process with
-    the same setup but no segment of its own."""
+    the same setup but no segment of its own. TCP only: an `ascend` or
+    `rdma` client needs the device context of the process that owns it,
+    which a child process does not have (not verified here: no NPU or RDMA
+    NIC), so for those the keys and addresses are checked and the probe is
+    skipped with a log line."""
+    protocol = str(setup.get("protocol", "tcp")).lower()
+    if protocol != "tcp":
+        logger.info(
+            "lmcache-ascend: Mooncake probe skipped for protocol %r (runs for tcp only); keys and "
+            "addresses were checked", protocol,
+        )
+        return
     child = dict(setup, global_segment_size="0", local_buffer_size=str(16 << 20))
     try:
         done = subprocess.run(

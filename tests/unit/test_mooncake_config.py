@@ -168,3 +168,13 @@ def test_setup_keys_match_the_installed_mooncake():
     doc = store.MooncakeDistributedStore.setup.__doc__ or ""
     for key in mc.SETUP_KEYS:
         assert f"{key}:" in doc or f"{key} (" in doc, key
+
+
+def test_probe_runs_for_tcp_only(monkeypatch):
+    """An ascend/rdma client needs its device context: no child-process probe."""
+    def no_child(*a, **k):
+        raise AssertionError("the probe must not start a child process for this protocol")
+
+    monkeypatch.setattr(mc.subprocess, "run", no_child)
+    for protocol in ("ascend", "rdma"):
+        mc.probe(mc.setup_dict(dict(GOOD, mooncake_protocol=protocol)), "extra_config")
