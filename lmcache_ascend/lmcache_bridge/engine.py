@@ -283,6 +283,15 @@ class WorkerEngine:
         if self.staging is not None:
             self.staging.release_claim(claim)
 
+    @staticmethod
+    def backend_failures() -> int:
+        """Failed operations of the store connectors lmcache-ascend wraps
+        (Mooncake: lookups, puts, gets), cumulative for this process."""
+        import sys
+
+        mooncake = sys.modules.get("lmcache_ascend.lmcache_bridge.mooncake")
+        return sum(mooncake.failure_counts().values()) if mooncake is not None else 0
+
     def take_counts(self) -> StagingCounts:
         return self.staging.take_counts() if self.staging is not None else StagingCounts()
 

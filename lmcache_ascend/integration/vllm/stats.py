@@ -63,6 +63,7 @@ class WorkerCounters(_Counters):
     quarantine_skips: int = 0
     staged_chunks: int = 0
     unstaged_loads: int = 0
+    backend_failures: int = 0
 
 
 COUNTER_NAMES = tuple(f.name for c in (SchedulerCounters, WorkerCounters) for f in fields(c))
@@ -121,6 +122,7 @@ _DOCS = {
     "quarantine_skips": "Lookups cut short at a chunk refused earlier (skipped for a while, not read again).",
     "staged_chunks": "Chunks read from disk or remote storage and verified by the lookup that reported them.",
     "unstaged_loads": "Loads with no chunks staged by their lookup (read through LMCache's retrieve instead).",
+    "backend_failures": "Failed operations of a wrapped store (Mooncake lookups, puts, gets); served as misses.",
 }
 
 

@@ -122,6 +122,9 @@ class WorkerHalf:
             self.stats.unreadable_chunks += counts.unreadable_chunks
             self.stats.quarantine_skips += counts.quarantine_skips
             self.stats.staged_chunks += counts.staged_chunks
+        failures = getattr(self.engine, "backend_failures", None)
+        if callable(failures):
+            self.stats.backend_failures = failures()  # cumulative: take() sends the change
         return self.stats.take()
 
     def close(self) -> None:
