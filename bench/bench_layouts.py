@@ -217,12 +217,15 @@ def print_markdown(results: list[dict], ops_name: str) -> None:
 
 def print_explain() -> None:
     """Per fixture (not replicated): what ``lmcache-ascend explain`` and the
-    worker's startup log print for it, via the same ``plan_text``."""
+    worker's startup log print for it, via the same ``plan_text``, and the
+    bytes per chunk each rank writes and loads at TP 8 and 16."""
     from lmcache_ascend.integration.vllm.wiring import plan_text
+    from lmcache_ascend.planning.replication import per_rank_table
 
     for layout in [AL.dsv4("0.23.0"), *(c for c, _ in CASES[2:6]), *AL.all_layouts()[1:]]:
         plan = build_plan(layout.build(False).kv_caches, layout.groups, layout.chunk_size, layout.config, layout.hints)
-        print(f"### {layout.name}\n\n```\n{plan_text(layout.groups, plan)}\n```\n")
+        tp = per_rank_table(layout.groups, dict(plan.group_bytes()), (8, 16))
+        print(f"### {layout.name}\n\n```\n{plan_text(layout.groups, plan)}\n{tp}\n```\n")
 
 
 def main() -> None:
