@@ -159,6 +159,15 @@ def _failures(log: str) -> list[str]:
     return re.findall(r"Mooncake (\w+) failed \(code (-?\d+|None)\)", log)
 
 
+def _metric(run: Run, phase: str) -> float:
+    """vllm:lmcache_ascend_backend_failures_total at the end of ``phase``
+    (cumulative), as vLLM exports it."""
+    assert run.proc.results is not None, run.log[-6000:]
+    counters = {p.name: p.counters for p in run.proc.results}
+    assert counters[phase], f"no connector counters exported in phase {phase}"
+    return counters[phase].get("backend_failures", 0)
+
+
 @pytest.fixture(scope="module")
 def llama_pair(work, tiny_model):
     """A stores E0, E1; B (no local CPU cache) hits both from Mooncake,
@@ -199,6 +208,8 @@ def test_segment_holder_killed_is_served_as_misses(llama_pair):
     fails = _failures(b.log)
     assert fails, "the holder's loss was not logged"
     assert len(fails) == len(set(op for op, _ in fails)), fails  # logged once per kind
+    # vLLM's metrics count the failures: none while the holder lived.
+    assert _metric(b, "shared") == 0 and _metric(b, "again") > 0, (_metric(b, "shared"), _metric(b, "again"))
     b.assert_exited_in_bound()
 
 
@@ -244,6 +255,7 @@ def test_store_full_is_served_and_counted(full_then_master_killed):
     fails = _failures(run.log)
     assert ("put", "-200") in fails, fails  # NO_AVAILABLE_HANDLE: the pool is full
     assert len(fails) == len(set(op for op, _ in fails)), fails  # logged once per kind
+    assert _metric(run, "last") > 0, _metric(run, "last")  # refused puts reach vLLM's metrics
     run.assert_exited_in_bound()
 
 
@@ -255,6 +267,7 @@ def test_master_killed_is_served_as_misses(full_then_master_killed):
     tr = run.transfers()
     assert (tr[20].hit, tr[21].hit) == (0, 0), (tr.get(20), tr.get(21))
     assert ("lookup", "-900") in _failures(run.log), _failures(run.log)
+    assert _metric(run, "after_kill") > _metric(run, "last"), (_metric(run, "last"), _metric(run, "after_kill"))
 
 
 # ---- sharing on a Gemma-3-like model (several KV cache groups) ---------------
