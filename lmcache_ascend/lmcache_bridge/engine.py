@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
@@ -230,28 +231,28 @@ class WorkerEngine:
         server = factory.create_lookup_server(engine, metadata)
         return cls(engine, server, instance_id, staging, connector)
 
-    def chunk_ids(self, tokens: torch.Tensor) -> dict[int, int]:
-        """Token start -> LMCache chunk hash of every chunk of ``tokens``
-        (memoized prefix hashes): what each chunk's checksum is bound to."""
+    def chunk_ids(self, tokens: torch.Tensor, mask: torch.Tensor) -> dict[int, int]:
+        """Token start -> LMCache chunk hash of the chunks ``mask`` selects
+        (memoized prefix hashes; no keys are made for the others): what each
+        chunk's checksum is bound to."""
         return {
             start: key.chunk_hash
-            for start, end, key in self.engine.token_database.process_tokens(tokens=tokens)
+            for start, end, key in self.engine.token_database.process_tokens(tokens=tokens, mask=mask)
             if end > start
         }
 
     def retrieve(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> torch.Tensor:
         """LMCache's own retrieve: reads the store again (used only when no
         staged chunks exist for the load)."""
-        ctx = dataclasses.replace(ctx, chunk_ids=self.chunk_ids(tokens))
+        ctx = dataclasses.replace(ctx, chunk_ids=self.chunk_ids(tokens, mask))
         return self.engine.retrieve(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
 
     def store(self, tokens: torch.Tensor, mask: torch.Tensor, ctx: TransferContext) -> None:
-        ids = self.chunk_ids(tokens)
+        ids = self.chunk_ids(tokens, mask)
         ctx = dataclasses.replace(ctx, chunk_ids=ids)
         self.engine.store(tokens, mask=mask, req_id=ctx.req_id, lmcache_ascend_ctx=ctx)
         if self.staging is not None:
-            first = int(mask.long().argmax()) if bool(mask.any()) else len(mask)
-            self.staging.stored([ident for start, ident in ids.items() if start >= first])
+            self.staging.stored(list(ids.values()))
 
     def claim(self, lookup_id: str) -> Optional[Claim]:
         """What ``lookup_id``'s lookup staged, or None (nothing staged)."""
@@ -287,8 +288,6 @@ class WorkerEngine:
     def backend_failures() -> int:
         """Failed operations of the store connectors lmcache-ascend wraps
         (Mooncake: lookups, puts, gets), cumulative for this process."""
-        import sys
-
         mooncake = sys.modules.get("lmcache_ascend.lmcache_bridge.mooncake")
         return sum(mooncake.failure_counts().values()) if mooncake is not None else 0
 

@@ -31,7 +31,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 logger = logging.getLogger(__name__)
@@ -61,10 +61,6 @@ class StagingCounts:
     unreadable_chunks: int = 0  # listed by a backend but could not be read
     quarantine_skips: int = 0  # lookups cut short at a chunk refused earlier
     staged_chunks: int = 0  # chunks read from disk or remote and verified at lookup
-
-    def add(self, other: "StagingCounts") -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass

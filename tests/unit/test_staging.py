@@ -73,7 +73,7 @@ def disk_engine(tmp_path):
 def _store_all(engine: WorkerEngine, disk: Path) -> list[Path]:
     tokens = torch.tensor(TOKENS)
     engine.store(tokens, torch.ones(len(TOKENS), dtype=torch.bool), TransferContext("s", ((0,),)))
-    keys = list(engine.chunk_ids(tokens).items())
+    keys = list(engine.chunk_ids(tokens, torch.ones(len(TOKENS), dtype=torch.bool)).items())
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:  # disk writes are asynchronous
         files = sorted(p for p in disk.rglob("*") if p.is_file())
