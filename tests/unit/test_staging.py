@@ -74,12 +74,15 @@ def _store_all(engine: WorkerEngine, disk: Path) -> list[Path]:
     tokens = torch.tensor(TOKENS)
     engine.store(tokens, torch.ones(len(TOKENS), dtype=torch.bool), TransferContext("s", ((0,),)))
     keys = list(engine.chunk_ids(tokens, torch.ones(len(TOKENS), dtype=torch.bool)).items())
+    # Disk writes are asynchronous, and LMCache's disk backend writes the
+    # file before it indexes the key: wait for the index, not the files, or a
+    # lookup racing the last write reports one chunk short.
+    backend = engine.engine.storage_manager.storage_backends["LocalDiskBackend"]
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:  # disk writes are asynchronous
-        files = sorted(p for p in disk.rglob("*") if p.is_file())
-        if len(files) >= len(keys):
-            break
+    while time.monotonic() < deadline and len(backend.dict) < len(keys):
         time.sleep(0.05)
+    assert len(backend.dict) == len(keys), "the disk backend did not index every chunk in 20 s"
+    files = sorted(p for p in disk.rglob("*") if p.is_file())
     # File of each chunk, in token order: the file names carry the chunk hash.
     by_start = []
     for start, ident in keys:
