@@ -1,0 +1,245 @@
+"""vLLM-Ascend 0.30.0rc2: GQA K/V interleaved per kernel block and the
+hybrid attention + GDN/Mamba layout (fixtures/ascend_layouts_030_hybrid.py,
+provenance there) are served exactly.
+
+* KV: the full worker path (build_plan -> LMCache chunk buffers ->
+  ChunkTransfer.store -> fresh caches -> ChunkTransfer.load) against the
+  oracle, whose accessor views are reshapes of each layer's raw bytes
+  (kernel block k = K rows then V rows), not the as_strided views handed
+  to the planner. Whole allocations are compared after a load, so the GDN
+  pages sharing an attention layer's bytes are shown untouched.
+* Mamba state: the align-mode snapshot (StateTransfer) of every GDN layer,
+  read and written at the page offsets the source gives (conv at 0, SSM
+  right after, padding never), everything else in the backing unchanged.
+
+The groups are 3 Mamba groups then 1 full-attention group of one block
+size, the structure test_scheduler_state.py runs the scheduler half with.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="the fixtures build vLLM's own KV cache config types")
+
+from fixtures import ascend_layouts_030_hybrid as H
+from fixtures import layouts as L
+from fixtures import oracle
+from lmcache_ascend.integration.vllm.vllm_layout import state_align_facts
+from lmcache_ascend.planning.groups import ChunkRequest, GroupKind
+from lmcache_ascend.planning.kv_format import LayerFormat
+from lmcache_ascend.planning.planner import build_plan
+from lmcache_ascend.planning.state_align import decide, snapshot_layout
+from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
+from lmcache_ascend.transfer.state_transfer import StateTransfer
+
+LAYOUTS = {lay.name: lay for lay in H.all_layouts()}
+HYBRID = [n for n in LAYOUTS if n.startswith("qwen3-next")]
+
+
+@pytest.fixture(scope="module")
+def allocator():
+    from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
+
+    return TensorMemoryAllocator(torch.empty(32 << 20, dtype=torch.uint8))
+
+
+def _obj(allocator, nbytes: int):
+    from lmcache.v1.memory_management import MemoryFormat
+
+    obj = allocator.allocate(torch.Size([nbytes]), torch.uint8, MemoryFormat.BINARY)
+    assert obj is not None
+    obj.tensor.fill_(0xAB)
+    return obj
+
+
+def _plan(layout, built, bundle=True):
+    cfg = dataclasses.replace(layout.config, bundle_multi_spec=bundle)
+    return build_plan(built.kv_caches, layout.groups, layout.chunk_size, cfg, layout.hints)
+
+
+# ---- the fixture against facts transcribed from the source ----------------
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_views_are_the_sources_interleaved_kv_and_packed_state(name):
+    layout = LAYOUTS[name]
+    built = layout.build(True)
+    hidden = H.KERNEL_BLOCK * H.HEADS * H.HEAD * 2  # one kernel block of K (bf16)
+    for e in built.elements:
+        k, v = built.kv_caches[e.layer]
+        mine = k if e.element == 0 else v
+        # The as_strided views (model_runner_v1.py l.5722-5744) read the
+        # same bytes as the oracle's reshape of the raw tensor.
+        logical = mine.permute(0, 2, 1, 3) if "LBHNC" in name else mine
+        assert logical.data_ptr() == e.view.data_ptr() and logical.stride() == e.view.stride()
+        assert torch.equal(logical.view(torch.int16), e.view.view(torch.int16))  # bits: random bf16 has NaNs
+        assert v.data_ptr() - k.data_ptr() == hidden and k.stride(0) * 2 == 2 * hidden
+    if name.startswith("qwen3-next"):
+        page = 2 * hidden * (H.hybrid_block_size() // H.KERNEL_BLOCK)
+        conv, ssm = built.kv_caches[H.gdn_name(0)]
+        assert conv.stride(0) * 2 == page and ssm.stride(0) * 4 == page
+        assert ssm.data_ptr() - conv.data_ptr() == math.prod(H.CONV) * 2
+        shared = built.kv_caches[H.attn_name(3)][0].data_ptr() == conv.data_ptr()
+        # Layer-outermost layouts: attention layer 3 and GDN layers 0-2 share
+        # region 0 (l.5102-5140); block-outermost: private tensors (l.5159-5189).
+        assert shared == name.endswith(("LBNHC", "LBHNC"))
+        assert len(built.backing) == (1 if shared else H.QWEN3_NEXT_LAYERS)
+
+
+@pytest.mark.parametrize("name", HYBRID)
+def test_groups_hints_and_plan(name):
+    layout = LAYOUTS[name]
+    kinds = [g.kind for g in layout.groups]
+    assert kinds == [GroupKind.STATE] * 3 + [GroupKind.FULL]
+    assert {g.block_size for g in layout.groups} == {256}
+    # LBHNC is the only one whose K/V are per-head (the env's name, read by
+    # attention_v1.py get_kv_cache_shape and vllm_layout.token_row_layout).
+    assert layout.hints.kv_layout == ("HND" if name.endswith("LBHNC") else "NHD" if name.endswith("LBNHC") else None)
+    plan = _plan(layout, layout.build(True))
+    assert plan.stored_groups == frozenset({3}) and plan.unrestorable_groups == frozenset({0, 1, 2})
+    planes = [p for kg in plan.kernel_groups for entry in kg.planes for p in entry]
+    assert {p.layer_name for p in planes} == {H.attn_name(3), H.attn_name(7)}
+    # 256-token blocks of two 128-row kernel blocks, K/V 2 x 8 KiB apart.
+    assert {(p.block_rows, p.block_tokens, p.block_stride_bytes) for p in planes} == {(128, 128, 2 * 8192)}
+
+
+# ---- KV: store / load round trip and exact resumes ------------------------
+
+
+def _store(layout, ops, allocator, plan, orig, tables):
+    xfer, objs = ChunkTransfer(plan, ops), []
+    for start in range(0, layout.num_tokens, layout.chunk_size):
+        req = ChunkRequest(start, start + layout.chunk_size, tables)
+        obj = _obj(allocator, plan.chunk_bytes)
+        objs.append((req, obj))
+        assert xfer.store(obj.tensor, req).stored
+        want = oracle.expected_chunk(orig, layout, plan, tables, req.start, req.end)
+        assert np.array_equal(obj.tensor[: plan.chunk_bytes].numpy(), want), f"chunk [{req.start}, {req.end})"
+    return objs
+
+
+@pytest.mark.parametrize("bundle", [True, False], ids=["bundled", "exploded"])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_roundtrip_is_exact_and_touches_nothing_else(name, bundle, ops, allocator):
+    layout = LAYOUTS[name]
+    orig = layout.build(True)
+    plan = _plan(layout, orig, bundle)
+    assert plan.stored_groups == layout.stored_groups and plan.unrestorable_groups == layout.unrestorable_groups
+    if bundle:
+        assert len(plan.kernel_groups) == layout.kernel_groups_bundled
+    tables = L.block_tables(layout)
+    objs = _store(layout, ops, allocator, plan, orig, tables)
+    try:
+        for hit in range(layout.chunk_size, layout.num_tokens + 1, layout.chunk_size):
+            fresh, expect = layout.build(False), layout.build(False)
+            load = ChunkTransfer(_plan(layout, fresh, bundle), ops)
+            for req, obj in objs:
+                if req.end > hit:
+                    break
+                load.load(obj.tensor, ChunkRequest(req.start, req.end, tables))
+                oracle.apply_expected_load(orig, expect, layout, plan.stored_groups, tables, req.start, req.end)
+            assert oracle.backing_equal(fresh, expect), oracle.first_difference(fresh, expect)
+            got = {(e.layer, e.element): e for e in fresh.elements}
+            checked = 0
+            for e in orig.elements:  # every row a forward resuming at ``hit`` reads
+                for pos in oracle.rows_read_at(e, tables[e.group], hit):
+                    checked += 1
+                    assert np.array_equal(oracle.element_bytes(got[(e.layer, e.element)], pos), oracle.element_bytes(e, pos))
+            assert checked == len(orig.elements) * hit
+        assert any(bool(t.any()) for t in fresh.backing)
+    finally:
+        for _, obj in objs:
+            obj.ref_count_down()
+
+
+def test_a_wrong_kv_order_is_caught_by_the_oracle(ops, allocator):
+    """Guard: reading the hybrid layer as NHD K-then-V pairs of whole blocks
+    (0.29.0rc1's combined form) stores other bytes than the oracle's."""
+    layout = LAYOUTS["qwen3-next-ascend-0.30.0rc2-LBNHC"]
+    orig = layout.build(True)
+    wrong = dict(orig.kv_caches)
+    for name in (H.attn_name(3), H.attn_name(7)):
+        k, _ = orig.kv_caches[name]
+        flat = torch.as_strided(k, (k.shape[0] * 2, *k.shape[1:]), (k.stride(0) // 2, *k.stride()[1:]))
+        wrong[name] = (flat[: k.shape[0]], flat[k.shape[0] :])
+    plan = build_plan(wrong, layout.groups, layout.chunk_size, layout.config, layout.hints)
+    tables = L.block_tables(layout)
+    obj = _obj(allocator, plan.chunk_bytes)
+    try:
+        ChunkTransfer(plan, ops).store(obj.tensor, ChunkRequest(0, layout.chunk_size, tables))
+        want = oracle.expected_chunk(orig, layout, plan, tables, 0, layout.chunk_size)
+        assert not np.array_equal(obj.tensor[: plan.chunk_bytes].numpy(), want)
+    finally:
+        obj.ref_count_down()
+
+
+# ---- Mamba state: align-mode snapshots ------------------------------------
+
+
+def _facts(cfg):
+    vcfg = SimpleNamespace(
+        cache_config=SimpleNamespace(enable_prefix_caching=True, prefix_match_unit=None),
+        speculative_config=None,
+        scheduler_config=SimpleNamespace(watermark=0.0),
+    )
+    return state_align_facts(vcfg, cfg)
+
+
+def _state_regions(cfg, specs, built):
+    """Byte range of every GDN layer's raw tensor inside built.backing,
+    from the descriptors (layer-outermost) or the allocation order."""
+    nb, out = cfg.num_blocks, {}
+    if cfg.kv_cache_layout.startswith("L"):
+        for d in cfg.kv_cache_tensors:
+            for i, name in enumerate(d.layers):
+                start = d.offset + i * d.layer_stride
+                out[name] = built.backing[0][start : start + nb * specs[name].page_size_bytes]
+    else:
+        out = {name: buf for name, buf in zip(specs, built.backing)}
+    return {n: r for n, r in out.items() if n.endswith("linear_attn")}
+
+
+@pytest.mark.parametrize("layout_name", H.LAYOUTS)
+def test_state_snapshot_reads_and_writes_the_page_offsets_only(layout_name):
+    cfg, specs = H.qwen3_next_config(layout_name)
+    layout = LAYOUTS[f"qwen3-next-ascend-0.30.0rc2-{layout_name}"]
+    facts = _facts(cfg)
+    gate = decide(facts, layout.groups, layout.chunk_size)
+    assert gate is not None and gate.enabled, gate and gate.reason
+    snap = snapshot_layout(facts, layout.groups, layout.chunk_size)
+    state_bytes = math.prod(H.CONV) * 2 + math.prod(H.SSM) * 4
+    assert snap.snapshot_bytes == 6 * state_bytes  # no page padding stored
+    built = H.build(cfg, specs)
+    regions = _state_regions(cfg, specs, built)
+    page = next(iter(s.page_size_bytes for s in specs.values()))
+    xfer = StateTransfer(snap, built.kv_caches)
+    src = {0: 3, 1: 4, 2: 5}
+
+    def block_state(name: str, b: int) -> bytes:
+        return bytes(regions[name][b * page : b * page + state_bytes].numpy())
+
+    bufs = [torch.full((snap.piece_bytes,), 0xAB, dtype=torch.uint8) for _ in range(snap.pieces)]
+    for k, buf in enumerate(bufs):
+        xfer.gather(buf, k, src)
+    got = b"".join(bytes(buf[: hi - lo].numpy()) for buf, (lo, hi) in zip(bufs, map(snap.piece_range, range(snap.pieces))))
+    want = {seg.layer: block_state(seg.layer, src[seg.group]) for seg in snap.segments()}
+    assert got == b"".join(want[seg.layer] for seg in snap.segments())
+    before = [b.clone() for b in built.backing]
+    hit, running = {0: 7, 1: 8, 2: 9}, {0: 10, 1: 11, 2: 12}
+    for k, buf in enumerate(bufs):
+        xfer.scatter(buf, k, (hit, running))
+    expect = [b.clone() for b in before]
+    fake = dataclasses.replace(built, backing=expect)
+    regions_e = _state_regions(cfg, specs, fake)
+    for seg in snap.segments():
+        for b in (hit[seg.group], running[seg.group]):
+            regions_e[seg.layer][b * page : b * page + state_bytes] = torch.frombuffer(bytearray(want[seg.layer]), dtype=torch.uint8)
+    assert all(torch.equal(a, b) for a, b in zip(built.backing, expect))
+    assert not all(torch.equal(a, b) for a, b in zip(built.backing, before))
