@@ -14,7 +14,7 @@ pytest.importorskip("vllm", reason="the halves report through vLLM's stats types
 
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.stats import COUNTER_NAMES, AscendConnectorStats
-from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, RequestTransfer, StepTransfers
+from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, RequestTransfer, StepTransfers, StoreSpec
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
 from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
@@ -81,6 +81,9 @@ class _Engine:
     def unpin(self, req_id):
         self.unpinned.append(req_id)
 
+    def store(self, tokens, mask, ctx):
+        self.stored = getattr(self, "stored", []) + [(ctx.req_id, int(mask.nonzero()[0]), len(tokens))]
+
     def close(self):
         self.closed += 1
 
@@ -139,3 +142,45 @@ def test_worker_refuses_steps_planned_under_another_agreement():
     assert f"chunk {2 * CHUNK} tokens" in str(err.value) and f"chunk {CHUNK} tokens" in str(err.value)
     with pytest.raises(HalvesDisagree):
         half.start_load(StepTransfers((), agreement=other))
+
+
+def test_a_step_that_loaded_a_request_badly_stores_nothing_of_it():
+    """What a step computes for a request whose load failed is computed on
+    missing KV (vLLM discards and recomputes it): it is never stored. At
+    TP > 1 the failure of any rank counts (the vote), since one rank's
+    missing KV reaches every rank's new KV through the all-reduce."""
+    conn = _connector([])
+    objs = [_sealed(conn, 1), _sealed(conn, 2)]
+    objs[1].tensor[3] ^= 0x01  # the second chunk fails its checksum
+    engine = _Engine(conn, objs)
+    half = _worker(engine)
+    half.transfer = SimpleNamespace(incomplete_groups=lambda chunk: ())
+    tokens = tuple(range(16))
+    bad = RequestTransfer("bad", tokens, ((1, 2, 3, 4),), load=LoadSpec(0, 8), store=StoreSpec(8, 16))
+    other = RequestTransfer("other", tokens, ((5, 6, 7, 8),), store=StoreSpec(0, 16))
+    step = StepTransfers((bad, other))
+    half.start_load(step)
+    half.save(step)
+    assert engine.stored == [("other", 0, 16)]  # "bad" stored nothing
+    assert half.take_stats()["stores_dropped_after_load_error"] == 1
+
+    # Its load succeeded here, but another rank's failed: the vote drops it.
+    good = [_sealed(conn, 1), _sealed(conn, 2)]
+    engine.objs, engine.stored = good, []
+    votes = []
+
+    def vote(candidates, failed):
+        votes.append((list(candidates), set(failed)))
+        return {"bad"}  # another rank reported "bad"
+
+    half.vote_failed_loads = vote
+    half.start_load(step)
+    half.save(step)
+    assert votes == [(["bad"], set())]  # only requests that load and store are voted on
+    assert engine.stored == [("other", 0, 16)]
+    # A step with no failure anywhere stores both.
+    half.vote_failed_loads = lambda candidates, failed: set(failed)
+    engine.stored = []
+    half.start_load(step)
+    half.save(step)
+    assert engine.stored == [("bad", 8, 16), ("other", 0, 16)]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from lmcache_ascend.planning.groups import SchedulerGroup
 from lmcache_ascend.planning.replication import Replication, replication
@@ -115,3 +115,27 @@ def store_stripe(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_con
             tp,
         )
     return rep, Stripe(rank, tp)
+
+
+def failed_load_vote(vllm_config: Any) -> Optional[Callable[[Sequence[str], set[str]], set[str]]]:
+    """At TP > 1: a function that returns, of ``candidates`` (the requests
+    of this step that both load and store, in scheduler order), those whose
+    load failed on any TP rank, given this rank's ``failed``. One MAX
+    all-reduce over the TP group's CPU (gloo) group, only in steps that
+    load and store for one request: vLLM's own collectives run on the
+    device group and are not touched. None at TP 1."""
+    tp, _ = tp_layout(vllm_config)
+    if tp == 1:
+        return None
+    import torch
+    import torch.distributed as dist
+    from vllm.distributed.parallel_state import get_tp_group
+
+    group = get_tp_group().cpu_group
+
+    def vote(candidates: Sequence[str], failed: set[str]) -> set[str]:
+        flags = torch.tensor([1 if r in failed else 0 for r in candidates], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=group)
+        return {r for r, f in zip(candidates, flags.tolist()) if f}
+
+    return vote

@@ -64,6 +64,7 @@ class WorkerCounters(_Counters):
     staged_chunks: int = 0
     unstaged_loads: int = 0
     backend_failures: int = 0
+    stores_dropped_after_load_error: int = 0
 
 
 COUNTER_NAMES = tuple(f.name for c in (SchedulerCounters, WorkerCounters) for f in fields(c))
@@ -122,6 +123,8 @@ _DOCS = {
     "quarantine_skips": "Lookups cut short at a chunk refused earlier (skipped for a while, not read again).",
     "staged_chunks": "Chunks read from disk or remote storage and verified by the lookup that reported them.",
     "unstaged_loads": "Loads with no chunks staged by their lookup (read through LMCache's retrieve instead).",
+    "stores_dropped_after_load_error": "Request stores not made because a load for the request failed in the "
+    "same step on some rank (what the step computed is recomputed by vLLM).",
     "backend_failures": "Failed operations of a wrapped store (Mooncake lookups, puts, gets); served as misses.",
 }
 

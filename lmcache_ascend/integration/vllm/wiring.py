@@ -196,7 +196,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
 def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping[str, Any]) -> WorkerHalf:
     """Plans transfers for ``kv_caches`` and starts this worker's LMCache
     engine and lookup server (owned by the returned half)."""
-    from lmcache_ascend.integration.vllm.parallel import store_stripe
+    from lmcache_ascend.integration.vllm.parallel import failed_load_vote, store_stripe
     from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector
     from lmcache_ascend.lmcache_bridge.engine import WorkerEngine, checksums_enabled
     from lmcache_ascend.planning.planner import build_plan
@@ -224,6 +224,7 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
     )
     half = WorkerHalf(setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement, state=state)
     rep, half.stripe = store_stripe(setup.groups, vllm_config, setup.lmcache_config)
+    half.vote_failed_loads = failed_load_vote(vllm_config)
     text = plan_text(setup.groups, plan, setup.state_gate, setup.snapshot) + "\n" + rep.describe(
         dict(plan.group_bytes()), shared=bool(setup.lmcache_config.remote_url))
     logger.info("lmcache-ascend worker plan (%s):\n%s", setup.agreement.fingerprint, text)

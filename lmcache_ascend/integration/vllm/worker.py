@@ -97,6 +97,10 @@ class WorkerHalf:
         self.chunk_bytes = plan.chunk_bytes
         self.agreement = agreement
         self._load_errors: set[int] = set()
+        # Requests whose load failed (or fell short) in this step: what the
+        # step computed for them was computed on missing KV, and vLLM
+        # discards and recomputes it, so it must not be stored either.
+        self._failed_loads: set[str] = set()
         self.stats = WorkerCounters()
         # Stored bytes per chunk per scheduler group, for per-group logs.
         self.group_bytes = dict(plan.group_bytes())
@@ -147,6 +151,7 @@ class WorkerHalf:
 
     def start_load(self, step: StepTransfers) -> None:
         self.check_agreement(step)
+        self._failed_loads = set()
         for req in step.requests:
             if req.load is not None:
                 self._load_one(req)
@@ -240,6 +245,7 @@ class WorkerHalf:
             if spec.state is not None:
                 bad |= {b for _, b in spec.state.hit_blocks + spec.state.running_blocks if b != NULL_BLOCK_ID}
             self._load_errors |= bad
+            self._failed_loads.add(req.req_id)
             self.stats.load_errors += 1
             rec.load_error = True
             logger.warning(
@@ -280,9 +286,39 @@ class WorkerHalf:
 
     # ---- stores ----------------------------------------------------------
 
+    # Set by wiring at TP > 1 (integration/vllm/parallel.py): the union
+    # over the TP ranks of the requests whose load failed in this step.
+    # One rank's missing KV reaches every rank's new KV through the layers'
+    # all-reduce, so every rank must drop those requests' stores.
+    vote_failed_loads: Any = None
+
+    def _failed_this_step(self, step: StepTransfers) -> set[str]:
+        failed, self._failed_loads = self._failed_loads, set()
+        loading = [
+            r.req_id
+            for r in step.requests
+            if r.load is not None and (r.store is not None or r.state_store is not None)
+        ]
+        if self.vote_failed_loads is not None and loading:
+            # Every rank gets the same scheduler output, so every rank calls
+            # this with the same list, in the same steps.
+            return self.vote_failed_loads(loading, failed)
+        return failed
+
     def save(self, step: StepTransfers) -> None:
         self.check_agreement(step)
+        failed = self._failed_this_step(step)
         for req in step.requests:
+            if req.req_id in failed and (req.store is not None or req.state_store is not None):
+                self.stats.stores_dropped_after_load_error += 1
+                logger.warning(
+                    "lmcache-ascend: request %s: not storing what this step computed (tokens up to "
+                    "%d): a load for it failed on this or another rank, so it was computed on "
+                    "missing KV; vLLM recomputes it",
+                    req.req_id,
+                    req.store.end if req.store is not None else req.state_store.position,
+                )
+                continue
             if req.store is not None:
                 self._store_one(req)
             if req.state_store is not None and self.state is not None:
