@@ -35,6 +35,7 @@ from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
 
 import sched_trace
+from faults import faulty_transfer_config
 
 from .conftest import run_engine_in
 
@@ -133,6 +134,35 @@ def mla_runs(tmp_path_factory, tiny_model):
 E = token_prompt(3 * BLOCK + 50, seed=13)
 
 
+@pytest.fixture(scope="module")
+def mla_rank_faults(tmp_path_factory, tiny_model):
+    """MLA at TP=2, one copy per chunk in Redis, with copy faults on rank 1
+    only (faults.py, LMCA_FAULT_RANK): the first chunk rank 1 copies out of
+    vLLM's KV raises, and so does the first it copies back in. Phases, all
+    prompt A: cold (rank 1's stripe, chunk 2, fails to store), failload
+    (chunks 0-1 hit; rank 1's load raises), partial (chunks 0-1 hit and
+    load; chunk 2 is stored), hit (all three)."""
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
+    model = tiny_model("deepseek_v2")
+    work = tmp_path_factory.mktemp("tp_rank_faults")
+    phases = [Phase("cold", [A], sequential=True)] + [
+        Phase(n, [A], reset_prefix_cache=True, sequential=True) for n in ("failload", "partial", "hit")
+    ]
+    with RedisServer(work) as server:
+        env = {"LMCACHE_REMOTE_URL": server.url, "LMCACHE_REMOTE_SERDE": "naive", "LMCACHE_LOCAL_CPU": "True",
+               "LMCACHE_LOOKUP_TIMEOUT_MS": "10000",
+               "LMCA_FAULT_RANK": "1", "LMCA_FAULT_STORE_FAIL": "1", "LMCA_FAULT_LOAD_FAIL": "1"}
+        steps: list = []
+        got, log = run_engine_in(
+            work,
+            Scenario(model=model, phases=phases, dtype="bfloat16", connector="none", env={**TP_ENV, **env},
+                     engine_kwargs={"tensor_parallel_size": 2, "kv_transfer_config": faulty_transfer_config()}),
+            schedule=steps,
+        )
+    return {p.name: p for p in got}, log, steps
+
+
 @pytest.mark.redis
 def test_tp2_mla_replicated(mla_runs):
     """MLA at TP=2: LMCache's hits (vLLM-CPU turns its own prefix caching
@@ -168,3 +198,35 @@ def test_mla_cache_shared_across_tp_sizes(mla_runs):
     assert all(b"@1@0@" in k for k in data), sorted(data)
     assert "tensor parallel 1: one copy per chunk" in tp1_log
     assert "tensor parallel 2: one copy per chunk" in log
+
+
+@pytest.mark.redis
+def test_one_rank_failing_to_store_or_load_costs_only_a_recompute(mla_rank_faults):
+    """A single striped copy and a rank that fails. Rank 1's store of its
+    stripe (chunk 2 of A) raises: both ranks' lookups end before it (the
+    scheduler takes the smaller answer), so A hits chunks 0-1 only. Rank 1's
+    load of them raises next: vLLM recomputes the request whole, which is
+    the cold run's computation (equal logprobs), and no rank stores what
+    that step computed on rank 1's missing KV (rank 0 owns chunk 2's
+    stripe and would have stored it: the ranks vote). Chunk 2 is stored by
+    the next clean partial hit, and the last A hits all three."""
+    by, log, steps = mla_rank_faults
+    assert log.count("lmcache-ascend-faults: injected store") == 1, "expected one failed store (rank 1)"
+    assert log.count("lmcache-ascend-faults: injected load") == 1, "expected one failed load (rank 1)"
+    assert "copy faults not armed on TP rank 0" in log
+    cached = {n: r.completions[0].num_cached_tokens for n, r in by.items()}
+    print(f"\nMLA TP=2, rank 1 failing: cached {cached}")
+    assert cached == {"cold": 0, "failload": 2 * BLOCK, "partial": 2 * BLOCK, "hit": 3 * BLOCK}, cached
+    cold = by["cold"].completions[0]
+    # The recomputed request is the cold request's computation, bit for bit.
+    same_exactly(by["failload"].completions[0], cold, "request recomputed after rank 1's failed load vs cold")
+    for n in ("partial", "hit"):
+        assert by[n].completions[0].tokens == cold.tokens, n
+    # The counters of both ranks, as vLLM exports them: one failed store
+    # call (rank 1), one failed chunk load (rank 1), and the store of the
+    # failed step dropped on both ranks.
+    counters = by["hit"].counters
+    assert counters.get("store_failures") == 1, counters
+    assert counters.get("failed_chunk_loads") == 1, counters
+    assert counters.get("stores_dropped_after_load_error") == 2, counters
+    assert log.count("not storing what this step computed") == 2

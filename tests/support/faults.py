@@ -21,6 +21,9 @@ them from the process that builds the engine):
     ``every:K`` (every K-th chunk copy).
 ``LMCA_FAULT_LOAD_FAIL``
     Same forms, for the copy of a chunk from LMCache's buffer into vLLM's KV.
+``LMCA_FAULT_RANK``
+    Arm the two copy faults above on this tensor-parallel rank only (its
+    rank in vLLM's TP group): the other ranks copy normally.
 ``LMCA_FAULT_PID`` and ``LMCA_FAULT_SIGNALS``
     Send signals to the process ``LMCA_FAULT_PID`` (e.g. a redis-server)
     just before the scheduler looks up its K-th request (1-based):
@@ -251,6 +254,15 @@ def _build_faulty_connector():
         def register_kv_caches(self, kv_caches) -> None:
             super().register_kv_caches(kv_caches)
             gpu = self._worker.engine.engine.gpu_connector  # LMCache engine's PagedChunkConnector
+            only = os.environ.get("LMCA_FAULT_RANK")
+            if only is not None:
+                from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+                rank = get_tensor_model_parallel_rank()
+                if rank != int(only):
+                    logger.warning("%s copy faults not armed on TP rank %d (LMCA_FAULT_RANK=%s)",
+                                   FAULT_LOG_TAG, rank, only)
+                    return
             store = FailPlan.parse(os.environ.get("LMCA_FAULT_STORE_FAIL"), "LMCA_FAULT_STORE_FAIL")
             if store is not None:
                 gpu._store = _failing(gpu._store, store, "store (KV -> chunk buffer)")
