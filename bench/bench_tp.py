@@ -9,8 +9,9 @@ as LMCache's remote backend (plus each rank's local CPU cache):
   per-rank  LMCache's ``extra_config: {"save_only_first_rank": false}``:
             keys carry world size and rank, every rank stores every chunk
             (what the connector did before replicated caches were known);
-  single    the default: keys without TP size or rank, chunk i stored by
-            rank i % 2 only, every rank loads every chunk.
+  single    the default: keys without TP size or rank, each store's chunks
+            cut into two contiguous parts, one written by each rank; every
+            rank loads every chunk.
 
 Each engine stores ``--prompts`` distinct prompts of ``--chunks`` whole
 chunks (one by one), resets vLLM's prefix cache, and serves them again
@@ -25,12 +26,14 @@ chunks (one by one), resets vLLM's prefix cache, and serves them again
 With the default settings the store is LMCache's local put plus its
 asynchronous remote put: the time is what the forward step waits for.
 
-Run: ``.venv/bin/python bench/bench_tp.py`` (about 2 minutes on 2 cores).
+Run: ``.venv/bin/python bench/bench_tp.py`` (about 1 minute on 2 cores; ``--chunks 32
+--rounds 3 --layers 24`` for the figures in docs/parallelism.md, about 7 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -47,7 +50,7 @@ sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario  # noqa: E402
-from lmcache_ascend.cli.tiny_models import build_tiny_model, token_prompt  # noqa: E402
+from lmcache_ascend.cli.tiny_models import SPECS, build_tiny_model, token_prompt  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 
 BLOCK = 128
@@ -127,8 +130,11 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=16, help="whole chunks per prompt")
     ap.add_argument("--rounds", type=int, default=1, help="engine pairs, alternating modes; medians reported")
     ap.add_argument("--keep", type=Path, default=None, help="keep the engine logs in this directory")
+    ap.add_argument("--layers", type=int, default=3,
+                    help="MLA layers of the tiny model (a chunk is layers x 128 tokens x 576 x 2 B; "
+                         "DeepSeek-V2/V3 have 60-61)")
     args = ap.parse_args()
-    model = str(build_tiny_model("deepseek_v2"))
+    model = str(build_tiny_model(dataclasses.replace(SPECS["deepseek_v2"], num_layers=args.layers)))
     prompts = [token_prompt(args.chunks * BLOCK + 50, seed=100 + i) for i in range(args.prompts)]
     runs: dict[str, list[dict]] = {"per-rank": [], "single": []}
     with tempfile.TemporaryDirectory(prefix="bench-tp-") as tmp:
@@ -150,7 +156,8 @@ def main() -> int:
         row["rounds"] = [{k: r[k] for k in ("store_ms_per_chunk", "load_ms_per_chunk")} for r in rs]
         rows.append(row)
     base, new = rows
-    print(f"MLA (deepseek_v2 tiny), TP=2, {args.prompts} prompts x {args.chunks} chunks of {BLOCK} tokens, "
+    print(f"MLA (deepseek_v2 tiny, {args.layers} layers: {args.layers * BLOCK * 576 * 2} B per chunk), TP=2, "
+          f"{args.prompts} prompts x {args.chunks} chunks of {BLOCK} tokens, "
           f"median of {args.rounds} round(s)")
     print(f"{'mode':<10} {'redis keys':>10} {'B/token':>10} {'store ms/chunk':>15} {'load ms/chunk':>14}")
     for r in rows:
