@@ -14,6 +14,7 @@ never vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -26,8 +27,9 @@ import torch
 
 from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext
-from lmcache_ascend.lmcache_bridge.resources import bounded_close, detach_remote_backends
+from lmcache_ascend.lmcache_bridge.resources import CLOSE_TIMEOUT_S, bounded_close, detach_remote_backends
 from lmcache_ascend.lmcache_bridge.staging import Claim, LookupStaging, StagingCounts
+from lmcache_ascend.lmcache_bridge.step_puts import Handoff, StepPuts
 
 logger = logging.getLogger(__name__)
 
@@ -195,10 +197,11 @@ class WorkerEngine:
 
     def __init__(
         self, engine: Any, server: Any, instance_id: str, staging: Optional[LookupStaging] = None,
-        connector: Any = None,
+        connector: Any = None, step_puts: Optional[StepPuts] = None,
     ) -> None:
         self.engine = engine
         self.connector = connector
+        self._step_puts = step_puts
         self._server = server
         self.instance_id = instance_id
         self.staging = staging
@@ -228,8 +231,18 @@ class WorkerEngine:
             prepare_token_database(engine, spec.chunk_size, "worker")
             # Before the lookup server exists: every lookup it answers stages.
             staging = LookupStaging(engine, connector.verify).install()
+            step_puts = StepPuts.install(engine)
         server = factory.create_lookup_server(engine, metadata)
-        return cls(engine, server, instance_id, staging, connector)
+        return cls(engine, server, instance_id, staging, connector, step_puts)
+
+    def step(self) -> contextlib.AbstractContextManager[Handoff]:
+        """Around one step's stores: their remote puts are handed to
+        LMCache once, at the end, off this thread (``step_puts.py``)."""
+        return self._step_puts.step() if self._step_puts is not None else contextlib.nullcontext(Handoff())
+
+    def drain_puts(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Waits until the queued remote puts were handed to LMCache."""
+        return self._step_puts.drain(timeout) if self._step_puts is not None else True
 
     def chunk_ids(self, tokens: torch.Tensor, mask: torch.Tensor) -> dict[int, int]:
         """Token start -> LMCache chunk hash of the chunks ``mask`` selects
@@ -284,12 +297,13 @@ class WorkerEngine:
         if self.staging is not None:
             self.staging.release_claim(claim)
 
-    @staticmethod
-    def backend_failures() -> int:
-        """Failed operations of the store connectors lmcache-ascend wraps
-        (Mooncake: lookups, puts, gets), cumulative for this process."""
+    def backend_failures(self) -> int:
+        """Failed operations of the remote stores, cumulative: those of the
+        store connectors lmcache-ascend wraps (Mooncake: lookups, puts,
+        gets; for this process) and this engine's remote put hand-offs."""
         mooncake = sys.modules.get("lmcache_ascend.lmcache_bridge.mooncake")
-        return sum(mooncake.failure_counts().values()) if mooncake is not None else 0
+        wrapped = sum(mooncake.failure_counts().values()) if mooncake is not None else 0
+        return wrapped + (self._step_puts.failures if self._step_puts is not None else 0)
 
     def take_counts(self) -> StagingCounts:
         return self.staging.take_counts() if self.staging is not None else StagingCounts()
@@ -309,6 +323,10 @@ class WorkerEngine:
             bounded_close("lookup server", self._server.close)
         if self.staging is not None:
             self.staging.close()
+        if self._step_puts is not None:
+            # Before the remote backends are detached: what a last step
+            # queued still reaches them.
+            self._step_puts.close(CLOSE_TIMEOUT_S)
         bounded_close("remote backends", lambda: detach_remote_backends(self.engine))
         bounded_close("LMCache engine", lambda: builder.destroy(self.instance_id))
 

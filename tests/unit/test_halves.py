@@ -184,3 +184,39 @@ def test_a_step_that_loaded_a_request_badly_stores_nothing_of_it():
     half.start_load(step)
     half.save(step)
     assert engine.stored == [("bad", 8, 16), ("other", 0, 16)]
+
+
+def test_a_steps_handoff_time_is_shared_by_the_requests_that_stored():
+    """The step's remote puts are handed off once, after its stores
+    (lmcache_bridge/step_puts.py): that time is part of what the step waited
+    for, split evenly over the requests that stored, never lost or doubled."""
+    import contextlib
+
+    from lmcache_ascend.lmcache_bridge.step_puts import Handoff
+
+    conn = _connector([])
+    engine = _Engine(conn, [])
+    steps = []
+
+    @contextlib.contextmanager
+    def step():
+        out = Handoff()
+        steps.append(out)
+        yield out
+        out.seconds = 0.25  # as if queueing the step's puts took that long
+
+    engine.step = step
+    half = _worker(engine)
+    half.transfer = SimpleNamespace(incomplete_groups=lambda chunk: ())
+    tokens = tuple(range(16))
+    a = RequestTransfer("a", tokens, ((1, 2, 3, 4),), store=StoreSpec(0, 16))
+    b = RequestTransfer("b", tokens, ((5, 6, 7, 8),), store=StoreSpec(8, 16))
+    idle = RequestTransfer("c", tokens, ((9, 10, 11, 12),))  # stores nothing
+    half.save(StepTransfers((a, b, idle)))
+    assert len(steps) == 1 and engine.stored == [("a", 0, 16), ("b", 8, 16)]
+    recs = half._records
+    assert "c" not in recs
+    # Each storing request's time holds its own store plus half the hand-off.
+    assert recs["a"].seconds >= 0.125 and recs["b"].seconds >= 0.125
+    assert recs["a"].seconds < 0.25 and recs["b"].seconds < 0.25
+    assert half.take_stats()["store_seconds"] == pytest.approx(recs["a"].seconds + recs["b"].seconds)

@@ -125,7 +125,8 @@ _DOCS = {
     "unstaged_loads": "Loads with no chunks staged by their lookup (read through LMCache's retrieve instead).",
     "stores_dropped_after_load_error": "Request stores not made because a load for the request failed in the "
     "same step on some rank (what the step computed is recomputed by vLLM).",
-    "backend_failures": "Failed operations of a wrapped store (Mooncake lookups, puts, gets); served as misses.",
+    "backend_failures": "Failed operations of a remote store (Mooncake lookups, puts, gets; remote put hand-offs "
+    "that raised); served as misses.",
 }
 
 

@@ -4,6 +4,7 @@ between them and LMCache (retrieve before the forward, store after it).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -308,23 +309,36 @@ class WorkerHalf:
     def save(self, step: StepTransfers) -> None:
         self.check_agreement(step)
         failed = self._failed_this_step(step)
-        for req in step.requests:
-            if req.req_id in failed and (req.store is not None or req.state_store is not None):
-                self.stats.stores_dropped_after_load_error += 1
-                logger.warning(
-                    "lmcache-ascend: request %s: not storing what this step computed (tokens up to "
-                    "%d): a load for it failed on this or another rank, so it was computed on "
-                    "missing KV; vLLM recomputes it",
-                    req.req_id,
-                    req.store.end if req.store is not None else req.state_store.position,
-                )
-                continue
-            if req.store is not None:
-                self._store_one(req)
-            if req.state_store is not None and self.state is not None:
-                self._store_state(req)
+        stored: list[str] = []
+        step_puts = getattr(self.engine, "step", None)
+        # The step's remote puts are handed to LMCache once, when its stores
+        # are done, off this thread (lmcache_bridge/step_puts.py).
+        with step_puts() if callable(step_puts) else contextlib.nullcontext(None) as handoff:
+            for req in step.requests:
+                if req.req_id in failed and (req.store is not None or req.state_store is not None):
+                    self.stats.stores_dropped_after_load_error += 1
+                    logger.warning(
+                        "lmcache-ascend: request %s: not storing what this step computed (tokens up to "
+                        "%d): a load for it failed on this or another rank, so it was computed on "
+                        "missing KV; vLLM recomputes it",
+                        req.req_id,
+                        req.store.end if req.store is not None else req.state_store.position,
+                    )
+                    continue
+                if req.store is not None and self._store_one(req):
+                    stored.append(req.req_id)
+                if req.state_store is not None and self.state is not None and self._store_state(req):
+                    stored.append(req.req_id)
+        stored = list(dict.fromkeys(stored))  # a request may store KV and state
+        if handoff is not None and stored:
+            # One hand-off carried every store of the step: each request gets
+            # an equal share of its time, so per-request and total store times
+            # add up to what the step waited for.
+            self.stats.store_seconds += handoff.seconds
+            for req_id in stored:
+                self._record(req_id).seconds += handoff.seconds / len(stored)
 
-    def _store_state(self, req: RequestTransfer) -> None:
+    def _store_state(self, req: RequestTransfer) -> bool:
         """The Mamba state this step left at ``state_store.position``, keyed
         by ``tokens[:position] + marks`` (after the request's KV chunks, so a
         lookup finds both or neither)."""
@@ -351,13 +365,14 @@ class WorkerHalf:
                 req.req_id,
                 pos,
             )
-            return
+            return False
         dt = time.perf_counter() - t0
         self.stats.stored_bytes += self.state.snapshot_bytes
         self.stats.store_seconds += dt
         rec = self._record(req.req_id)
         rec.state_stored.append(pos)
         rec.seconds += dt
+        return True
 
     def _complete_runs(self, req: RequestTransfer) -> list[tuple[int, int]]:
         """Contiguous runs of chunks whose every stored group has real blocks."""
@@ -405,7 +420,9 @@ class WorkerHalf:
                 out.append((start + j0 * self.chunk_size, min(end, start + j1 * self.chunk_size)))
         return out
 
-    def _store_one(self, req: RequestTransfer) -> None:
+    def _store_one(self, req: RequestTransfer) -> bool:
+        """Stores the request's complete chunks (this rank's stripe); whether
+        anything was stored."""
         ctx = TransferContext(req_id=req.req_id, block_ids=req.block_ids)
         t0 = time.perf_counter()
         stored = 0
@@ -440,6 +457,7 @@ class WorkerHalf:
                 stored // self.chunk_size,
                 dt,
             )
+        return stored > 0
 
     # ---- lifecycle -------------------------------------------------------
 
