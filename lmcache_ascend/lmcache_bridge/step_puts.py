@@ -73,7 +73,8 @@ class StepPuts:
         self._open = False
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._idle = threading.Condition()
-        self._pending = 0
+        self._pending = 0  # batches queued, not yet handed off
+        self._writing = 0  # chunks handed off whose remote write has not completed
         self.failures = 0  # batches whose hand-off raised (cumulative)
         self._thread = threading.Thread(target=self._run, name="lmcache-ascend-puts", daemon=True)
         self._thread.start()
@@ -129,22 +130,31 @@ class StepPuts:
         finally:
             self._open = False
             t0 = time.perf_counter()
-            held, self._held = self._held, {}
-            for batch in held.values():
-                out.chunks += len(batch.keys)
-                with self._idle:
-                    self._pending += 1
-                self._queue.put(batch)
+            out.chunks = self._queue_held()
             out.seconds = time.perf_counter() - t0
+
+    def _queue_held(self) -> int:
+        held, self._held = self._held, {}
+        for batch in held.values():
+            with self._idle:
+                self._pending += 1
+            self._queue.put(batch)
+        return sum(len(b.keys) for b in held.values())
 
     def _run(self) -> None:
         while True:
             batch = self._queue.get()
             if batch is _STOP:
                 return
+            with self._idle:
+                self._writing += len(batch.keys)
             try:
-                batch.submit(batch.keys, batch.objs)
+                # LMCache calls back once per key when its write completed
+                # (or failed): what close() waits for.
+                batch.submit(batch.keys, batch.objs, on_complete_callback=self._written)
             except Exception:  # noqa: BLE001 - a lost remote copy costs a later miss only
+                with self._idle:
+                    self._writing -= len(batch.keys)
                 self.failures += 1
                 if self.failures == 1:
                     logger.exception(
@@ -159,17 +169,29 @@ class StepPuts:
                     self._pending -= 1
                     self._idle.notify_all()
 
+    def _written(self, key: Any) -> None:
+        with self._idle:
+            self._writing -= 1
+            self._idle.notify_all()
+
     def drain(self, timeout: float) -> bool:
         """Waits until every queued batch was handed off; False on timeout."""
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
     def close(self, timeout: float) -> None:
-        """Hands off what is queued (within ``timeout``), stops the thread
-        and gives LMCache its own calls back."""
+        """Hands off what is held or queued and waits for those writes to
+        complete (each within ``timeout``): the remote backends are closed
+        next, and a write cut off there would be a chunk lost. Then stops the
+        thread and gives LMCache its own calls back."""
+        self._queue_held()  # a step cut short by shutdown leaves nothing behind
         if not self.drain(timeout):
             logger.warning("lmcache-ascend: %d remote put batch(es) not handed off within %.0f s of close",
                            self._pending, timeout)
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._writing <= 0, timeout):
+                logger.warning("lmcache-ascend: %d chunk(s) still being written to the remote store %.0f s "
+                               "after close; they may be lost", self._writing, timeout)
         self._queue.put(_STOP)
         self._thread.join(timeout)
         for backend in self._backends:

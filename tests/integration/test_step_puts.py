@@ -166,3 +166,16 @@ def test_a_failed_handoff_costs_the_remote_copies_only(redis_engine, caplog):
     assert engine.engine.lookup(tokens=SHARED, lookup_id="x", pin=False) == len(SHARED)
     with server.client() as c:
         assert c.dbsize() == 0
+
+
+def test_close_hands_off_what_is_still_held(redis_engine):
+    """A worker closing in the middle of a step (engine shutdown) loses no
+    chunk it already stored locally: close() hands the held ones off first."""
+    engine, server, calls, _fail, current = redis_engine
+    step = engine.step()
+    step.__enter__()  # a step whose block never ends
+    _store(engine, current, SHARED, "a")
+    assert calls == []
+    engine.close()
+    assert calls == [4]
+    assert len(_redis_values(server, 4)) == 4
