@@ -51,6 +51,7 @@ class _Batch:
     keys: list = field(default_factory=list)
     objs: list = field(default_factory=list)  # one per key, deduplicated
     extra: list = field(default_factory=list)  # references of duplicates, dropped at hand-off
+    seen: set = field(default_factory=set)  # keys already held (a step's stores add up)
 
 
 @dataclass
@@ -102,17 +103,16 @@ class StepPuts:
             batch = self._held.get(id(backend))
             if batch is None:
                 batch = self._held[id(backend)] = _Batch(orig, type(backend).__name__)
-            seen = set(batch.keys)
             for key, obj in zip(keys, memory_objs, strict=True):
                 # The storage manager drops its reference when this returns;
                 # a held chunk keeps its own until it is handed off.
                 obj.ref_count_up()
-                if key in seen:
+                if key in batch.seen:
                     # Two requests of one step with the same prefix store the
                     # same chunk twice; one remote write is enough.
                     batch.extra.append(obj)
                     continue
-                seen.add(key)
+                batch.seen.add(key)
                 batch.keys.append(key)
                 batch.objs.append(obj)
             return None
