@@ -28,6 +28,10 @@ class Phase:
     reset_prefix_cache: bool = False
     # Submit prompts one by one (sequential) instead of as one batch.
     sequential: bool = False
+    # Per prompt: vLLM's cache_salt, and the name of a LoRA adapter of the
+    # scenario's ``loras`` (None: none).
+    salts: Optional[list[Optional[str]]] = None
+    loras: Optional[list[Optional[str]]] = None
 
 
 @dataclass
@@ -45,6 +49,9 @@ class Scenario:
     max_model_len: int = 4096
     kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE takes whole GiB
     logprobs: int = 1
+    # LoRA adapters the phases may name: name -> directory (engine_kwargs
+    # must enable LoRA).
+    loras: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def from_json(data: dict[str, Any]) -> "Scenario":
@@ -125,11 +132,41 @@ def kv_transfer_config(s: Scenario) -> Optional[dict[str, Any]]:
     return cfg
 
 
+def _prompts(phase: Phase) -> list[Any]:
+    from vllm.inputs import TokensPrompt
+
+    salts = phase.salts or [None] * len(phase.prompts)
+    if len(salts) != len(phase.prompts):
+        raise ValueError(f"phase {phase.name}: {len(salts)} salts for {len(phase.prompts)} prompts")
+    out = []
+    for p, salt in zip(phase.prompts, salts):
+        prompt = TokensPrompt(prompt_token_ids=p)
+        if salt is not None:
+            prompt["cache_salt"] = salt
+        out.append(prompt)
+    return out
+
+
+def _lora_requests(s: Scenario, phase: Phase) -> Optional[list[Any]]:
+    if not phase.loras:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    if len(phase.loras) != len(phase.prompts):
+        raise ValueError(f"phase {phase.name}: {len(phase.loras)} adapters for {len(phase.prompts)} prompts")
+    ids = {name: i + 1 for i, name in enumerate(sorted(s.loras))}
+    out = []
+    for name in phase.loras:
+        if name is not None and name not in s.loras:
+            raise ValueError(f"phase {phase.name}: unknown LoRA adapter {name!r}; valid: {sorted(s.loras)}")
+        out.append(LoRARequest(name, ids[name], s.loras[name]) if name is not None else None)
+    return out
+
+
 def run(s: Scenario, progress=None) -> list[PhaseResult]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(s.kv_cache_gib))
     os.environ.update(s.env)
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     kwargs: dict[str, Any] = dict(
         model=s.model,
@@ -156,17 +193,19 @@ def run(s: Scenario, progress=None) -> list[PhaseResult]:
                 if not llm.reset_prefix_cache():
                     raise RuntimeError("vLLM refused to reset its prefix cache")
             sp = SamplingParams(temperature=0.0, max_tokens=phase.max_tokens, logprobs=s.logprobs)
-            prompts = [TokensPrompt(prompt_token_ids=p) for p in phase.prompts]
+            prompts = _prompts(phase)
+            loras = _lora_requests(s, phase)
             preempted_before = _preemptions(llm)
             t0 = time.perf_counter()
             outs = []
             if phase.sequential:
-                for p in prompts:
+                for i, p in enumerate(prompts):
                     t1 = time.perf_counter()
-                    o = llm.generate([p], sp, use_tqdm=False)[0]
+                    lora = [loras[i]] if loras is not None else None
+                    o = llm.generate([p], sp, use_tqdm=False, lora_request=lora)[0]
                     outs.append((o, time.perf_counter() - t1))
             else:
-                for o in llm.generate(prompts, sp, use_tqdm=False):
+                for o in llm.generate(prompts, sp, use_tqdm=False, lora_request=loras):
                     outs.append((o, float("nan")))
             dt = time.perf_counter() - t0
             comps = []

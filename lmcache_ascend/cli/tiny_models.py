@@ -205,3 +205,43 @@ def token_prompt(n_tokens: int, seed: int = 0, prefix: list[int] | None = None) 
     while len(out) < n_tokens:
         out.append(rng.randrange(4, VOCAB_SIZE))
     return out[:n_tokens]
+
+
+def build_tiny_lora(model: TinyModelSpec | str, seed: int, rank: int = 8,
+                    targets: tuple[str, ...] = ("k_proj", "v_proj"), cache_dir: Path | None = None) -> Path:
+    """Build (once) a random LoRA adapter (PEFT's file layout) for a tiny
+    model. It targets the K/V projections by default, so it changes the KV
+    cache itself: a base request served the adapter's KV gets other logits."""
+    if isinstance(model, str):
+        model = SPECS[model]
+    if model.arch != "llama":
+        raise ValueError(f"tiny LoRA adapters are built for llama-shaped models, not {model.arch!r}")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / f"lora-{model.name}-r{rank}-{'-'.join(targets)}-s{seed}"
+    marker = path / "adapter_config.json"
+    if marker.exists():
+        return path
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    gen = torch.Generator().manual_seed(seed)
+    out_dim = {"q_proj": model.num_heads * model.head_dim, "k_proj": model.num_kv_heads * model.head_dim,
+               "v_proj": model.num_kv_heads * model.head_dim, "o_proj": model.hidden_size}
+    in_dim = {"o_proj": model.num_heads * model.head_dim}
+    tensors = {}
+    for layer in range(model.num_layers):
+        for t in targets:
+            base = f"base_model.model.model.layers.{layer}.self_attn.{t}"
+            tensors[f"{base}.lora_A.weight"] = torch.randn(rank, in_dim.get(t, model.hidden_size), generator=gen) * 0.3
+            tensors[f"{base}.lora_B.weight"] = torch.randn(out_dim[t], rank, generator=gen) * 0.3
+    save_file({k: v.to(getattr(torch, model.dtype)).contiguous() for k, v in tensors.items()},
+              str(path / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank,
+              "target_modules": list(targets), "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False,
+              "base_model_name_or_path": model.name, "modules_to_save": None, "use_rslora": False,
+              "use_dora": False}
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config))
+    tmp.rename(marker)
+    return path

@@ -97,6 +97,27 @@ def _to_names(key: str) -> Callable[[Any], tuple[str, ...]]:
     return convert
 
 
+# Longest model identity accepted: an identifier, not a document.
+MAX_IDENTITY_CHARS = 256
+
+
+def _to_identity(key: str) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise ConfigValueError(f"config key {key!r}: invalid value {value!r}; valid: a string")
+        text = value.strip()
+        if len(text) > MAX_IDENTITY_CHARS or not text.isprintable():
+            raise ConfigValueError(
+                f"config key {key!r}: invalid value {value[:40]!r}...; valid: at most "
+                f"{MAX_IDENTITY_CHARS} printable characters"
+            )
+        return text
+
+    return convert
+
+
 @dataclass(frozen=True)
 class KeySpec:
     key: str
@@ -146,6 +167,16 @@ KEYS: tuple[KeySpec, ...] = (
         "Layer-name suffixes; a group all of whose layers end with one is skipped "
         "(default: none).",
     ),
+    KeySpec(
+        "ascend_model_identity",
+        str,
+        "",
+        _to_identity("ascend_model_identity"),
+        "The identity of the weights behind the KV (a registry digest, a release "
+        "tag), used in chunk keys instead of sampling the checkpoint's files; "
+        "needed where the weights are not in a local directory (default: read "
+        "them). Every instance sharing a pool must set the same value for the same weights.",
+    ),
 )
 KEY_NAMES: tuple[str, ...] = tuple(k.key for k in KEYS)
 
@@ -159,6 +190,7 @@ class AscendConfig:
     skip_state_groups: bool = True
     skip_state_spec_allowlist: tuple[str, ...] = DEFAULT_SKIP_STATE_SPECS
     skip_state_layer_suffixes: tuple[str, ...] = DEFAULT_SKIP_STATE_LAYER_SUFFIXES
+    model_identity: str = ""
 
     def __post_init__(self) -> None:
         # Re-run the converters so a hand-built config is validated the same

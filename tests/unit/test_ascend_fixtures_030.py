@@ -125,7 +125,7 @@ def test_rings_are_state_never_stored_and_block_hits():
     from vllm.v1.request import Request
 
     from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
-    from lmcache_ascend.integration.vllm.vllm_layout import request_view
+    from lmcache_ascend.integration.vllm.vllm_keys import request_view
 
     half = SchedulerHalf(gs, 128, lambda tokens, req_id: len(tokens) // 128 * 128,
                          hit_blockers=unrestorable_groups(gs, AscendConfig()))

@@ -25,7 +25,7 @@ from lmcache.v1.metadata import LMCacheMetadata
 from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
-from lmcache_ascend.integration.vllm.vllm_layout import RequestView
+from lmcache_ascend.integration.vllm.vllm_keys import RequestView
 from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 
 LookupClientFactory = lmcache_modules.load(lmcache_modules.LOOKUP_CLIENT_FACTORY).LookupClientFactory

@@ -25,7 +25,8 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from vllm.v1.request import Request
 
 from lmcache_ascend.integration.vllm.scheduler import MAX_STATE_PROBES, SchedulerHalf, StateHits
-from lmcache_ascend.integration.vllm.vllm_layout import request_view, step_view
+from lmcache_ascend.integration.vllm.vllm_keys import request_view
+from lmcache_ascend.integration.vllm.vllm_layout import step_view
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, GroupKind, SchedulerGroup
 
 B = 384

@@ -32,7 +32,6 @@ from lmcache_ascend.integration.vllm import vllm_layout
 from lmcache_ascend.integration.vllm.vllm_layout import (
     ScheduledRequest,
     layout_facts,
-    request_view,
     scheduler_groups,
     step_view,
 )
@@ -444,22 +443,3 @@ def test_step_view_unscheduled_counts_default_to_zero():
     out.scheduled_cached_reqs = cached
     (s,) = step_view(out).scheduled
     assert s.num_scheduled_tokens == 0 and s.num_computed_tokens == 7 and s.block_ids is None
-
-
-# ---- request_view ---------------------------------------------------------------
-
-
-def test_request_view_is_live_over_generated_tokens():
-    req = make_request("r", 10)
-    view = request_view(req)
-    assert view.req_id == "r" and view.num_tokens == 10 and view.num_prompt_tokens == 10
-    assert list(view.token_ids) == list(range(1000, 1010))
-    req.append_output_token_ids([5, 6])
-    assert list(view.token_ids[-3:]) == [1009, 5, 6]
-    assert request_view(req).num_tokens == 12 and request_view(req).num_prompt_tokens == 10
-
-
-@pytest.mark.parametrize("n", [1, 257])
-def test_request_view_counts(n):
-    v = request_view(make_request("x", n))
-    assert v.num_tokens == n == len(v.token_ids)

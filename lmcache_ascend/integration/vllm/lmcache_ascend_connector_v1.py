@@ -26,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from lmcache_ascend.compat import require_supported
-from lmcache_ascend.integration.vllm import vllm_layout
+from lmcache_ascend.integration.vllm import vllm_keys, vllm_layout
 from lmcache_ascend.integration.vllm.transfer_meta import StepTransfers
 
 if TYPE_CHECKING:
@@ -201,7 +201,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self, request: "Request", num_computed_tokens: int
     ) -> tuple[Optional[int], bool]:
         assert self._scheduler is not None
-        view = vllm_layout.request_view(request)
+        view = vllm_keys.request_view(request, self._scheduler.refuse_all)
         if not self._may_load:
             self._scheduler.track(view)  # stores only: follow it, never look it up
             return 0, False

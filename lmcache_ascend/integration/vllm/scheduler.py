@@ -20,7 +20,9 @@ from lmcache_ascend.integration.vllm.transfer_meta import (
     StepTransfers,
     StoreSpec,
 )
-from lmcache_ascend.integration.vllm.vllm_layout import RequestView, StepView
+from lmcache_ascend.integration.vllm.vllm_keys import RequestView
+from lmcache_ascend.planning.isolation import Refusal
+from lmcache_ascend.integration.vllm.vllm_layout import StepView
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, SchedulerGroup
 from lmcache_ascend.planning.slot_mapping import primary_group
@@ -83,12 +85,15 @@ class SchedulerHalf:
         agreement: Optional[HalfAgreement] = None,
         state: Optional[StateHits] = None,
         refusal: Optional[str] = None,
+        refuse_all: Optional[Refusal] = None,
     ) -> None:
         """``agreement``: what this half planned with; shipped with every step
         so the worker can refuse transfers planned under another one.
         ``state``: Mamba state groups whose state is stored and loaded at
         step-end chunk boundaries. ``refusal``: the one line to log when
-        ``hit_blockers`` refuse hits (default: a generic one)."""
+        ``hit_blockers`` refuse hits (default: a generic one). ``refuse_all``:
+        why no request can be keyed (the model's identity is unknown)."""
+        self.refuse_all = refuse_all
         self.groups = tuple(groups)
         self.chunk_size = chunk_size
         self._lookup = lookup
@@ -122,6 +127,7 @@ class SchedulerHalf:
         self._hits: dict[str, int] = {}
         self._pending_loads: dict[str, _PendingLoad] = {}
         self._tracked: dict[str, _Tracked] = {}
+        self._refusal_kinds: set[str] = set()
         self.stats = SchedulerCounters()
 
     def take_stats(self) -> dict[str, float]:
@@ -142,12 +148,36 @@ class SchedulerHalf:
 
     def track(self, view: RequestView) -> None:
         """Follow a request without looking it up (kv_producer: store only)."""
+        if self._refuse(view):
+            return
         self._views[view.req_id] = view
         self._hits[view.req_id] = 0
+
+    def _refuse(self, view: RequestView) -> bool:
+        """A request whose chunk keys cannot cover what vLLM's prefix cache
+        keys on is neither looked up nor stored: never followed, so no step
+        plans a transfer for it (fail closed). Logged once per kind."""
+        refusal = view.refusal
+        if refusal is None:
+            return False
+        self.stats.isolation_refusals += 1
+        if refusal.kind not in self._refusal_kinds:
+            self._refusal_kinds.add(refusal.kind)
+            logger.warning(
+                "lmcache-ascend: request %s is neither looked up nor stored: %s. vLLM's prefix cache "
+                "keys on this, the connector's chunk keys cannot: such requests are served without "
+                "the connector (counted in isolation_refusals; logged once per kind, %r).",
+                view.req_id, refusal.detail or refusal.kind, refusal.kind,
+            )
+        return True
 
     def get_num_new_matched_tokens(
         self, view: RequestView, num_computed_tokens: int
     ) -> tuple[int, bool]:
+        if self._refuse(view):
+            self._views.pop(view.req_id, None)
+            self._hits[view.req_id] = 0
+            return 0, False
         self._views[view.req_id] = view
         limit = self.max_hit(view.num_tokens)
         if limit <= num_computed_tokens:

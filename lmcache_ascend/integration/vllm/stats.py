@@ -41,6 +41,10 @@ class SchedulerCounters(_Counters):
     hit_tokens: int = 0
     # Hits refused because a state group cannot be restored at chunk boundaries.
     refused_lookups: int = 0
+    # Requests neither looked up nor stored: something vLLM's prefix cache
+    # keys on (prompt embeddings, an unreadable LoRA adapter or model) that
+    # chunk keys cannot cover (vllm_keys.py).
+    isolation_refusals: int = 0
 
 
 @dataclass
@@ -105,6 +109,8 @@ _DOCS = {
     "lookup_failures": "Lookups LMCache did not answer (timeout, transport error); served as misses.",
     "hit_tokens": "Prompt tokens found in LMCache (chunk-aligned hits).",
     "refused_lookups": "Lookups not made because a state group cannot be restored at chunk boundaries.",
+    "isolation_refusals": "Requests neither looked up nor stored because chunk keys cannot cover something "
+    "vLLM's prefix cache keys on (prompt embeddings, an unreadable LoRA adapter or model weights).",
     "load_requests": "Requests whose KV was loaded from LMCache.",
     "loaded_tokens": "Tokens whose KV was loaded from LMCache.",
     "loaded_bytes": "Bytes copied from LMCache into vLLM's KV cache.",

@@ -1,7 +1,7 @@
 """The ONE module that reads vLLM's types.
 
-It turns vLLM's ``KVCacheConfig``, ``SchedulerOutput`` and ``Request``
-objects into our own typed records, so the scheduler and worker halves and
+It turns vLLM's ``KVCacheConfig`` and ``SchedulerOutput`` objects into our
+own typed records (a ``Request``'s view and keys: vllm_keys.py), so the scheduler and worker halves and
 the planning code never depend on vLLM's classes directly.
 """
 
@@ -373,25 +373,6 @@ def is_cpu_platform() -> bool:
 def block_ids_of(block_ids: Any) -> tuple[list[int], ...]:
     """Normalize vLLM's per-group block ids (tuple of lists) to fresh lists."""
     return tuple(list(ids) for ids in block_ids)
-
-
-@dataclass(frozen=True)
-class RequestView:
-    """What the scheduler half reads from a vLLM ``Request``."""
-
-    req_id: str
-    token_ids: Sequence[int]  # live view: prompt + generated tokens
-    num_tokens: int
-    num_prompt_tokens: int
-
-
-def request_view(request: Any) -> RequestView:
-    return RequestView(
-        req_id=request.request_id,
-        token_ids=request.all_token_ids,
-        num_tokens=int(request.num_tokens),
-        num_prompt_tokens=int(request.num_prompt_tokens),
-    )
 
 
 @dataclass(frozen=True)

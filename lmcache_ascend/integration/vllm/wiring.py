@@ -21,6 +21,7 @@ from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.groups import SchedulerGroup
+from lmcache_ascend.planning.isolation import Refusal
 from lmcache_ascend.planning.settings import AscendConfig
 from lmcache_ascend.planning.state_align import SnapshotLayout, StateGate
 
@@ -43,6 +44,8 @@ class ConnectorSetup:
     snapshot: Optional[SnapshotLayout] = None
     # Where the user set chunk_size (None: the connector chose it).
     chunk_source: Optional[str] = None
+    # Set when the model's identity is unknown: every request is refused.
+    model_refusal: Optional[Refusal] = None
 
 
 def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
@@ -75,6 +78,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     check_parallelism(vllm_config)
     replicated = single_copy(groups, vllm_config, config)
     ascend = AscendConfig.from_lmcache(config)
+    identity, model_refusal = _model_identity(vllm_config, ascend)
     gate, snapshot = _state_setup(vllm_config, kv_cache_config, groups, chunk_size, ascend)
     agreement = HalfAgreement.of(groups, chunk_size, ascend)
     if gate is not None:
@@ -86,12 +90,44 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
         ascend_config=ascend,
         groups=groups,
         chunk_size=chunk_size,
-        engine=EngineSpec(model, engine_id, rank, world, chunk_size, extra, replicated=replicated),
+        # "@" separates fields in LMCache's key strings: "+" joins ours.
+        engine=EngineSpec(f"{model}+m{identity}", engine_id, rank, world, chunk_size, extra, replicated=replicated),
         agreement=agreement,
         state_gate=gate,
         snapshot=snapshot,
         chunk_source=source,
+        model_refusal=model_refusal,
     )
+
+
+def _model_identity(vllm_config: Any, ascend: AscendConfig) -> tuple[str, Optional[Refusal]]:
+    """The fingerprint of the weights and settings behind the KV
+    (planning/identity.py), part of every chunk key: engines serving other
+    weights under one model name never share entries. Where the weights
+    cannot be read and no ``ascend_model_identity`` is set, every request is
+    refused (fail closed) and the log says how to fix it."""
+    from lmcache_ascend.integration.vllm.vllm_keys import model_facts
+    from lmcache_ascend.planning.identity import IdentityError, model_fingerprint
+
+    facts = model_facts(vllm_config, ascend.model_identity or None)
+    try:
+        fingerprint = model_fingerprint(facts)
+    except IdentityError as e:
+        logger.warning(
+            "lmcache-ascend: %s, so chunk keys cannot tell these weights from others served under the "
+            "same name: no request is looked up or stored. Set ascend_model_identity (kv_connector_extra_config "
+            "or LMCACHE_ASCEND_MODEL_IDENTITY) to an identifier of these weights to enable the cache.",
+            e,
+        )
+        return "unknown", Refusal("model_identity", str(e))
+    logger.info(
+        "lmcache-ascend: model identity %s (%s; dtype %s, KV cache dtype %s)",
+        fingerprint,
+        "set by ascend_model_identity" if facts.explicit else f"sampled from the files under {facts.path}",
+        facts.settings.get("dtype"),
+        facts.settings.get("kv_cache_dtype"),
+    )
+    return fingerprint, None
 
 
 def _state_setup(vllm_config: Any, kv_cache_config: Any, groups: tuple[SchedulerGroup, ...], chunk_size: int,
@@ -182,6 +218,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
         agreement=setup.agreement,
         state=state,
         refusal=refusal,
+        refuse_all=setup.model_refusal,
     )
     logger.info(
         "lmcache-ascend scheduler: %d KV cache group(s) %s, chunk %d tokens (plan %s)",
