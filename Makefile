@@ -25,7 +25,8 @@ NATIVE_SRC := $(shell find csrc -type f 2>/dev/null) CMakeLists.txt setup.py pyp
 BUILD_ENV := LMCA_BUILD_ASCEND_SIM=1
 PIP_BUILD := -m pip install -q --no-build-isolation --no-deps -e .
 # What the compatibility stacks run. The kernel suite does not import vLLM,
-# so it runs once per torch: vllm-0.23 and vllm-0.26 both pin torch 2.11.
+# so it runs once per torch: vllm-0.23 and vllm-0.26 both pin torch 2.11
+# (and share it: the torch-2.11 base stack).
 # It runs on vllm-0.26. Measured once each on a shared 2-core machine: with
 # the kernels on vllm-0.26, the compat stacks took 14.0 min and CI 39.2 min;
 # with them on vllm-0.23, 16.7 min and 43.6 min.
@@ -38,6 +39,13 @@ TORCH_213_TESTS := -m "(not engine and not pure) or compat" tests --ignore=tests
 COMPAT_TESTS_vllm-0.27 := $(TORCH_213_TESTS)
 COMPAT_TESTS_vllm-0.29 := $(TORCH_213_TESTS)
 COMPAT_TESTS_vllm-0.30 := $(TORCH_213_TESTS)
+# `make test` prints its wall time (setup included) against this goal, in
+# minutes; over it is a warning, never a failure.
+TEST_GOAL_MIN ?= 45
+# When this make started (make reads this before it runs any prerequisite),
+# and a shell command printing the minutes since a `date +%s` time.
+MAKE_START := $(shell date +%s)
+MINUTES_SINCE = awk -v t0="$(1)" -v t1="$$(date +%s)" 'BEGIN { printf "%.1f min", (t1 - t0) / 60 }'
 
 .PHONY: all venv build test test-primary test-compat test-stack prepare-stack test-unit \
         test-integration demo bench clean system-deps stacks
@@ -82,12 +90,17 @@ build: venv $(BUILD_STAMP)
 # are done.
 test: system-deps build
 	@mkdir -p build/stacks; \
+	echo "[test] setup (system deps, primary stack, build): $$($(call MINUTES_SINCE,$(MAKE_START)))"; \
 	( for s in $(COMPAT_STACKS); do \
+	    t=$$(date +%s); \
 	    $(MAKE) --no-print-directory prepare-stack STACK=$$s CMAKE_BUILD_PARALLEL_LEVEL=1 || exit 1; \
+	    echo "[test] prepared stack $$s in $$($(call MINUTES_SINCE,$$t))"; \
 	  done ) > build/stacks/prepare.log 2>&1 & prep=$$!; \
-	failed=""; \
+	failed=""; t=$$(date +%s); \
 	$(MAKE) --no-print-directory test-primary || failed="$$failed $(PRIMARY_STACK)"; \
+	echo "[test] stack $(PRIMARY_STACK): $$($(call MINUTES_SINCE,$$t))"; t=$$(date +%s); \
 	wait $$prep || { echo "[test] preparing the compatibility stacks failed:"; tail -n 40 build/stacks/prepare.log; }; \
+	echo "[test] waited $$($(call MINUTES_SINCE,$$t)) more for the compatibility stacks' setup (build/stacks/prepare.log)"; \
 	for s in $(COMPAT_STACKS); do rm -f build/stacks/$$s.test.rc; done; \
 	running=0; for s in $(COMPAT_STACKS); do \
 	  if [ $$running -ge $(COMPAT_JOBS) ]; then wait -n; running=$$((running - 1)); fi; \
@@ -98,6 +111,10 @@ test: system-deps build
 	  [ "$$(cat build/stacks/$$s.test.rc 2>/dev/null)" = 0 ] || failed="$$failed $$s"; \
 	  echo "[test] ---- stack $$s (build/stacks/$$s.test.log) ----"; cat build/stacks/$$s.test.log; \
 	done; \
+	total=$$(( $$(date +%s) - $(MAKE_START) )); \
+	echo "[test] total wall time $$($(call MINUTES_SINCE,$(MAKE_START))) (setup included); goal $(TEST_GOAL_MIN) min"; \
+	if [ $$total -gt $$(( $(TEST_GOAL_MIN) * 60 )) ]; then \
+	  echo "[test] WARNING: over the $(TEST_GOAL_MIN)-minute goal (a warning, not a failure)"; fi; \
 	if [ -n "$$failed" ]; then echo "[test] FAILED on:$$failed"; exit 1; fi; \
 	echo "[test] passed on $(PRIMARY_STACK) $(COMPAT_STACKS)"
 
@@ -118,11 +135,18 @@ prepare-stack:
 	@$(STACKS) overlay $(STACK) build/stacks/$(STACK)/venv >/dev/null
 	cd build/stacks/$(STACK)/src && $(BUILD_ENV) ../venv/bin/python $(PIP_BUILD) 2>&1 | tail -n 20; test $${PIPESTATUS[0]} -eq 0
 
+# Its last line gives the stack's wall time (preparing included), so each
+# stack's log under `make test` records its own.
+STACK_PYTEST = ../venv/bin/python -m pytest -q --durations=15 $(or $(COMPAT_TESTS_$(STACK)),$(COMPAT_TESTS))
 test-stack: system-deps
 	@test -n "$(STACK)" || { echo "usage: make test-stack STACK=<name>"; exit 2; }
 	@echo "[test] stack $(STACK): unit, kernel and compat engine tests"
-	@$(MAKE) --no-print-directory prepare-stack STACK=$(STACK)
-	cd build/stacks/$(STACK)/src && ../venv/bin/python -m pytest -q --durations=15 $(or $(COMPAT_TESTS_$(STACK)),$(COMPAT_TESTS))
+	@t=$$(date +%s); \
+	$(MAKE) --no-print-directory prepare-stack STACK=$(STACK) && \
+	{ echo 'cd build/stacks/$(STACK)/src && $(STACK_PYTEST)'; \
+	  cd build/stacks/$(STACK)/src && $(STACK_PYTEST); }; rc=$$?; \
+	if [ $$rc = 0 ]; then r=passed; else r="FAILED (exit $$rc)"; fi; \
+	echo "[test] stack $(STACK): $$r, wall time $$($(call MINUTES_SINCE,$$t))"; exit $$rc
 
 stacks:
 	@$(STACKS) list

@@ -9,9 +9,10 @@ environment* outside any clone, keyed by a hash of its files:
 ``$LMCACHE_ASCEND_STACKS`` (default ``~/.cache/lmcache-ascend/stacks``)
 ``/<name>-<hash>``. A stack file may start from a *base* stack (a line
 ``# base: <name>``, e.g. the torch-2.13 stack that every vLLM on torch 2.13
-shares): the stack environment then sees the base's site-packages through a
-``.pth`` file, so pip finds torch installed there and several GB of torch
-are installed once, not once per vLLM. A clone never installs this package into it. Instead it
+shares, or torch-2.11, PyPI's CUDA build with its NVIDIA libraries, shared by
+vLLM 0.23 and 0.26): the stack environment then sees the base's site-packages
+through a ``.pth`` file, so pip finds torch installed there and several GB of
+torch are installed once, not once per vLLM. A clone never installs this package into it. Instead it
 gets a small *overlay* venv of its own (``.venv`` for the primary stack)
 whose ``.pth`` file adds the stack environment's site-packages; the package
 is installed (editable) into the overlay. Several clones and several stacks
