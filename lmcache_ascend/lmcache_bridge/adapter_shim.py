@@ -13,7 +13,11 @@ that, and only on devices LMCache has no connector for:
   ``register_kv_caches``;
 * the adapter's config step also applies our checks (startup errors for bad
   values, whole chunks only, a deterministic chunk hash, recompute on load
-  failure) and registers our config keys.
+  failure) and registers our config keys;
+* requests whose chunk keys would leave out what vLLM's prefix cache keys
+  them on (a ``cache_salt``, a LoRA adapter, prompt embeddings: LMCache's
+  adapter keys tokens and multimodal items only) are neither looked up nor
+  stored.
 
 The steps that read vLLM's types or build the plan (startup checks, vLLM's
 shutdown, planning for vLLM's KV tensors) are the vLLM integration's
@@ -149,6 +153,8 @@ def patch_v1_adapter(module: Any) -> None:
     apply_extra = cls._apply_extra_config
     register = cls.register_kv_caches
     init = cls.__init__
+    matched = cls.get_num_new_matched_tokens
+    build_meta = cls.build_connector_meta
 
     def __init__(self, vllm_config, role, parent):
         init(self, vllm_config, role, parent)
@@ -168,10 +174,57 @@ def patch_v1_adapter(module: Any) -> None:
             route.bind(getattr(self, "_parent", None), self.lmcache_engine, self.config, kv_caches)
         register(self, kv_caches)
 
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        if shim_active() and _refused(self, request):
+            return 0
+        return matched(self, request, num_computed_tokens)
+
+    def build_connector_meta(self, scheduler_output):
+        meta = build_meta(self, scheduler_output)
+        if shim_active():
+            _drop_refused_saves(self, meta, scheduler_output)
+        return meta
+
     cls.__init__ = __init__
     cls._apply_extra_config = _apply_extra_config
     cls.register_kv_caches = register_kv_caches
+    cls.get_num_new_matched_tokens = get_num_new_matched_tokens
+    cls.build_connector_meta = build_connector_meta
     cls._lmcache_ascend_patched = True
+
+
+def _refused(adapter: Any, request: Any) -> bool:
+    """Whether ``request`` is one this route must neither look up nor store
+    (route step ``refusal``); remembered until it finishes, logged once per
+    kind."""
+    found = route_registry.registered().refusal(request)
+    if found is None:
+        return False
+    kind, detail = found
+    refused = adapter.__dict__.setdefault("_lmcache_ascend_refused", set())
+    refused.add(request.request_id)
+    kinds = adapter.__dict__.setdefault("_lmcache_ascend_refusal_kinds", set())
+    if kind not in kinds:
+        kinds.add(kind)
+        logger.warning(
+            "lmcache-ascend: request %s is neither looked up nor stored by %s: %s. Such requests are "
+            "served without the cache (logged once per kind, %r); %s keys them.",
+            request.request_id, ROUTE, detail, kind, DYNAMIC,
+        )
+    return True
+
+
+def _drop_refused_saves(adapter: Any, meta: Any, scheduler_output: Any) -> None:
+    """No store for a refused request (LMCache's adapter plans one for every
+    request it tracks)."""
+    refused = adapter.__dict__.get("_lmcache_ascend_refused")
+    if not refused:
+        return
+    for req in getattr(meta, "requests", ()):
+        if req.req_id in refused and req.save_spec is not None:
+            req.save_spec.can_save = False
+    for req_id in scheduler_output.finished_req_ids:
+        refused.discard(req_id)
 
 
 def _patch_gpu_connector_factory() -> None:

@@ -28,6 +28,10 @@ class AdapterRoute:
     # Plan the transfers for vLLM's KV tensors and bind the engine's chunk
     # connector: (vLLM's connector, LMCache's engine, LMCache's config, kv_caches).
     bind: Callable[[Any, Any, Any, Mapping[str, Any]], None]
+    # Why a request must be neither looked up nor stored by this route (its
+    # keys cannot cover what vLLM's prefix cache keys the request on), as
+    # (kind, detail), or None: (vLLM's Request).
+    refusal: Callable[[Any], Optional[tuple[str, str]]] = lambda request: None
 
 
 class RouteNotRegistered(RuntimeError):

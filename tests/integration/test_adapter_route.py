@@ -27,13 +27,19 @@ def _phases(prompt: list[int], other: list[int]) -> list[Phase]:
         Phase("warm", [prompt], reset_prefix_cache=True, sequential=True),
         # Shares the first two chunks, then diverges.
         Phase("shared", [prompt[: 2 * CHUNK] + other], reset_prefix_cache=True, sequential=True),
+        # LMCache's adapter leaves cache_salt out of its keys: the route must
+        # neither serve a salted request the unsalted prompt's KV nor store it.
+        Phase("salted", [prompt], reset_prefix_cache=True, sequential=True, salts=["tenant-1"]),
+        Phase("salted_again", [prompt], reset_prefix_cache=True, sequential=True, salts=["tenant-1"]),
     ]
 
 
 @pytest.mark.parametrize(
     "model_name, env",
     [
-        pytest.param("llama", {}, marks=pytest.mark.compat),
+        # vLLM's multiprocess engine core, as users run it (test engines
+        # default to in-process: tests/support/faults.py).
+        pytest.param("llama", {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, marks=pytest.mark.compat),
         # Gemma-3 has six KV cache groups under vLLM's hybrid manager; this
         # connector is not SupportsHMA, so vLLM turns the manager off and
         # hands over one group. Engine core in-process this time.
@@ -48,7 +54,9 @@ def test_lmcache_connector_v1_hits_and_matches_no_connector(run_engine, tiny_mod
     ref, _ = run_engine(Scenario(model=model, phases=phases, connector="none", env=env))
     for g, r in zip(got, ref):
         assert_same(g, r, g.name)
-    cold, warm, shared = (p.completions[0] for p in got)
+    cold, warm, shared, salted, salted_again = (p.completions[0] for p in got)
+    assert salted.num_cached_tokens == 0 and salted_again.num_cached_tokens == 0
+    assert "neither looked up nor stored by" in log and "'cache_salt'" in log
     assert cold.num_cached_tokens == 0
     assert warm.num_cached_tokens == 3 * CHUNK  # every whole chunk
     assert shared.num_cached_tokens == 2 * CHUNK

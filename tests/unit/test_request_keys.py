@@ -87,6 +87,7 @@ def _cases(tmp: Path):
         ("plain", base, None, None, ()),
         ("plain-other-tail", base[:60] + [5] * 36, None, None, ()),
         ("salt-x", base, "x", None, ()),
+        ("salt-a", base, "a", None, ()),  # the text of adapter "a"'s name
         ("salt-x-again", base, "x", None, ()),
         ("salt-y", base, "y", None, ()),
         ("salt-at", base, "x@y", None, ()),
@@ -104,6 +105,11 @@ def _cases(tmp: Path):
     ]
 
 
+# Requests vLLM 0.23-0.30 confuse (adapter name alone, salt and adapter name
+# untagged): any two of these share vLLM's block hashes there.
+WEAKER_IN_VLLM = {"lora-a", "lora-a-other-weights", "salt-a"}
+
+
 def test_key_tokens_equal_exactly_where_vllm_block_hashes_are_equal(tmp_path):
     hash_fn = _sha256()
     kv_cache_utils.init_none_hash(hash_fn)
@@ -116,16 +122,26 @@ def test_key_tokens_equal_exactly_where_vllm_block_hashes_are_equal(tmp_path):
         keyed[name] = view.token_ids
         hashes[name] = list(req.block_hashes)
         assert len(hashes[name]) == len(tokens) // BS
-    checked = 0
+    checked = stricter = 0
     for a, b in itertools.combinations(keyed, 2):
-        # Same-name adapters with other weights: vLLM tells them apart by
-        # path (one instance); the keys by their files (any instance).
         for k in range(1, len(hashes[a]) + 1):
             ours = list(keyed[a][: k * BS]) == list(keyed[b][: k * BS])
             theirs = hashes[a][k - 1] == hashes[b][k - 1]
-            assert ours == theirs, f"{a} vs {b} at {k * BS} tokens: keys equal {ours}, vLLM's {theirs}"
             checked += 1
+            if ours == theirs:
+                continue
+            # Never serve what vLLM would not. Stricter than vLLM only where
+            # vLLM's keys are weaker by its own admission: vLLM 0.23 keys an
+            # adapter by name alone (two adapters of one name share blocks)
+            # and leaves salts and adapter names untagged (salt "a" == adapter
+            # "a", vLLM issue 44701); 0.32 keys by name and path, and the
+            # keys by name and weights.
+            assert theirs and not ours, f"{a} vs {b} at {k * BS} tokens: keys equal, vLLM's hashes differ"
+            assert {a, b} <= WEAKER_IN_VLLM, (a, b)
+            stricter += 1
     assert checked > 500
+    # vLLM 0.32 agrees everywhere; older ones differ only among those three.
+    assert stricter <= 3 * (96 // BS)
     # The cases that must differ and must not, spelled out.
     assert list(keyed["plain"]) == list(_cases(tmp_path)[0][1])  # unchanged keys for plain text
     assert keyed["plain"][:BS] == keyed["image-1"][:BS]  # prefix before the image still shared

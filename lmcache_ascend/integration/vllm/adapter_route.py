@@ -62,10 +62,30 @@ def install_shutdown(parent: Optional[Any], close: Callable[[], None]) -> None:
 def bind(parent: Any, engine: Any, config: Any, kv_caches: Mapping[str, Any]) -> None:
     """``register_kv_caches`` of the adapter: bind its engine's connector to
     the KV tensors of vLLM's connector ``parent``."""
-    bind_engine(engine, kv_caches, parent._kv_cache_config, config)
+    bind_engine(engine, kv_caches, parent._kv_cache_config, config, getattr(parent, "_vllm_config", None))
 
 
-def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any, config: Any) -> None:
+def _model_identity(vllm_config: Any, config: Any) -> str:
+    """The weights' fingerprint for this route's chunk keys (as the dynamic
+    connector's). Where the weights cannot be read, this route cannot refuse
+    requests one by one in its scheduler: it refuses to start instead."""
+    from lmcache_ascend.integration.vllm import wiring
+    from lmcache_ascend.planning.settings import AscendConfig
+
+    identity, refusal = wiring.model_identity(vllm_config, AscendConfig.from_lmcache(config))
+    if refusal is not None:
+        from lmcache_ascend.lmcache_bridge.adapter_shim import ROUTE
+
+        raise ValueError(
+            f"{ROUTE}: {refusal.detail}; chunk keys could not tell these weights from others served "
+            "under the same name. Set ascend_model_identity (kv_connector_extra_config "
+            "'lmcache.ascend_model_identity' or LMCACHE_ASCEND_MODEL_IDENTITY) to an identifier of these weights"
+        )
+    return identity
+
+
+def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any, config: Any,
+                vllm_config: Any = None) -> None:
     """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
     from lmcache_ascend.integration.vllm import vllm_layout, wiring
     from lmcache_ascend.lmcache_bridge import adapter_shim
@@ -91,12 +111,33 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
     )
     transfer = ChunkTransfer(plan, kv_device=wiring.kv_device(kv_caches), kv_caches=kv_caches)
     connector.bind(plan.chunk_bytes, transfer.store, transfer.load, groups[0].block_size)
-    adapter_shim.prepare_engine(engine, connector, plan.layout_fingerprint)
+    key = plan.layout_fingerprint
+    if vllm_config is not None:
+        key = f"m{_model_identity(vllm_config, config)}+{key}"
+    adapter_shim.prepare_engine(engine, connector, key)
     logger.info("lmcache-ascend adapter plan:\n%s", plan.describe())
     wiring.log_copy_threads(transfer)
 
 
-STEPS = route_registry.AdapterRoute(prepare=prepare, install_shutdown=install_shutdown, bind=bind)
+def refusal(request: Any) -> Optional[tuple[str, str]]:
+    """LMCache's adapter keys a request's chunks by its tokens with its
+    multimodal items folded in, never by its ``cache_salt`` or LoRA adapter
+    (LMCache issue 2878), and not by prompt embeddings: such requests would
+    be served KV vLLM's own prefix cache keeps apart, so this route neither
+    looks them up nor stores them. (LMCacheAscendConnectorV1Dynamic keys all
+    of them: vllm_keys.py.)"""
+    if getattr(request, "prompt_embeds", None) is not None:
+        return "prompt_embeds", "the request gives prompt embeddings"
+    if getattr(request, "cache_salt", None):
+        return "cache_salt", "the request has a cache_salt, which LMCache's adapter leaves out of its keys"
+    lora = getattr(request, "lora_request", None)
+    if lora is not None:
+        return "lora", (f"the request runs LoRA adapter {getattr(lora, 'lora_name', '?')!r}, which LMCache's "
+                        "adapter leaves out of its keys")
+    return None
+
+
+STEPS = route_registry.AdapterRoute(prepare=prepare, install_shutdown=install_shutdown, bind=bind, refusal=refusal)
 
 
 def register() -> None:

@@ -78,7 +78,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     check_parallelism(vllm_config)
     replicated = single_copy(groups, vllm_config, config)
     ascend = AscendConfig.from_lmcache(config)
-    identity, model_refusal = _model_identity(vllm_config, ascend)
+    identity, model_refusal = model_identity(vllm_config, ascend)
     gate, snapshot = _state_setup(vllm_config, kv_cache_config, groups, chunk_size, ascend)
     agreement = HalfAgreement.of(groups, chunk_size, ascend)
     if gate is not None:
@@ -100,7 +100,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     )
 
 
-def _model_identity(vllm_config: Any, ascend: AscendConfig) -> tuple[str, Optional[Refusal]]:
+def model_identity(vllm_config: Any, ascend: AscendConfig) -> tuple[str, Optional[Refusal]]:
     """The fingerprint of the weights and settings behind the KV
     (planning/identity.py), part of every chunk key: engines serving other
     weights under one model name never share entries. Where the weights
