@@ -32,6 +32,9 @@ class Phase:
     # scenario's ``loras`` (None: none).
     salts: Optional[list[Optional[str]]] = None
     loras: Optional[list[Optional[str]]] = None
+    # Per prompt: the seeds of its images (tiny_models.tiny_image), one per
+    # image placeholder token of the prompt, in order (None: no image).
+    images: Optional[list[Optional[list[int]]]] = None
 
 
 @dataclass
@@ -138,11 +141,18 @@ def _prompts(phase: Phase) -> list[Any]:
     salts = phase.salts or [None] * len(phase.prompts)
     if len(salts) != len(phase.prompts):
         raise ValueError(f"phase {phase.name}: {len(salts)} salts for {len(phase.prompts)} prompts")
+    images = phase.images or [None] * len(phase.prompts)
+    if len(images) != len(phase.prompts):
+        raise ValueError(f"phase {phase.name}: {len(images)} image lists for {len(phase.prompts)} prompts")
     out = []
-    for p, salt in zip(phase.prompts, salts):
+    for p, salt, seeds in zip(phase.prompts, salts, images):
         prompt = TokensPrompt(prompt_token_ids=p)
         if salt is not None:
             prompt["cache_salt"] = salt
+        if seeds:
+            from lmcache_ascend.cli.tiny_models import tiny_image
+
+            prompt["multi_modal_data"] = {"image": [tiny_image(seed) for seed in seeds]}
         out.append(prompt)
     return out
 

@@ -182,18 +182,31 @@ def build_tiny_model(spec: TinyModelSpec | str, cache_dir: Path | None = None) -
         model = tf.Gemma3ForCausalLM(config)
     else:
         model = tf.AutoModelForCausalLM.from_config(config)
+    _save_random(model, spec.dtype, path)
+    _tokenizer(path)
+    _mark_built(marker, spec)
+    return path
+
+
+def _save_random(model, dtype: str, path: Path) -> None:
+    """Re-draw every matrix of ``model`` (from torch's current seed) and save
+    it in ``dtype``."""
+    import torch
+
     # Larger-than-default init so random logits are not all ties.
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.08)
-    model = model.to(getattr(torch, spec.dtype))
+    model = model.to(getattr(torch, dtype))
     model.save_pretrained(str(path), safe_serialization=True)
-    _tokenizer(path)
+
+
+def _mark_built(marker: Path, spec) -> None:
+    """Written last, atomically: a directory with it is a complete build."""
     tmp = marker.with_suffix(".tmp")
     tmp.write_text(json.dumps(asdict(spec), default=str))
     tmp.rename(marker)
-    return path
 
 
 def token_prompt(n_tokens: int, seed: int = 0, prefix: list[int] | None = None) -> list[int]:
@@ -245,3 +258,145 @@ def build_tiny_lora(model: TinyModelSpec | str, seed: int, rank: int = 8,
     tmp.write_text(json.dumps(config))
     tmp.rename(marker)
     return path
+
+
+
+# ---- a tiny vision-language model -------------------------------------------
+
+# Idefics3's shape (SmolVLM's): a SigLIP-like vision tower, a pixel-shuffle
+# connector and a Llama text model, served by vLLM through the Hugging Face
+# processor (Idefics3's image processor has a PIL backend: no torchvision,
+# which vLLM's LLaVA, Qwen2-VL and Gemma-3 code paths import). Without image
+# splitting each "<image>" of a prompt becomes
+# <fake_token_around_image><global-img><image>*VLM_IMAGE_TOKENS<fake_token_around_image>,
+# one multimodal item of VLM_ITEM_TOKENS positions.
+VLM_IMAGE_TOKEN = "<image>"
+VLM_SPECIAL_TOKENS = ("<fake_token_around_image>", VLM_IMAGE_TOKEN, "<global-img>", "<end_of_utterance>")
+VLM_IMAGE_TOKEN_ID = VOCAB_SIZE + 1  # past every id token_prompt draws
+VLM_IMAGE_SIZE = 112
+VLM_PATCH_SIZE = 14
+VLM_SCALE_FACTOR = 2
+VLM_IMAGE_TOKENS = (VLM_IMAGE_SIZE // VLM_PATCH_SIZE) ** 2 // VLM_SCALE_FACTOR**2  # 16
+VLM_ITEM_TOKENS = VLM_IMAGE_TOKENS + 3
+
+
+@dataclass(frozen=True)
+class TinyVlmSpec:
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 256
+    vision_layers: int = 2
+    vision_hidden: int = 64
+    vision_heads: int = 2  # head dim 32
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        return (
+            f"idefics3-l{self.num_layers}-h{self.hidden_size}-kv{self.num_kv_heads}x{self.head_dim}"
+            f"-vis{self.vision_layers}x{self.vision_hidden}-i{VLM_IMAGE_SIZE}p{VLM_PATCH_SIZE}"
+            f"-{self.dtype}-s{self.seed}-v1"
+        )
+
+
+def _vlm_config(spec: TinyVlmSpec):
+    import transformers as tf
+
+    text = tf.LlamaConfig(
+        vocab_size=VOCAB_SIZE + len(VLM_SPECIAL_TOKENS),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=16384,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+    vision = tf.Idefics3VisionConfig(
+        hidden_size=spec.vision_hidden,
+        intermediate_size=2 * spec.vision_hidden,
+        num_hidden_layers=spec.vision_layers,
+        num_attention_heads=spec.vision_heads,
+        image_size=VLM_IMAGE_SIZE,
+        patch_size=VLM_PATCH_SIZE,
+    )
+    return tf.Idefics3Config(
+        vision_config=vision,
+        text_config=text,
+        image_token_id=VLM_IMAGE_TOKEN_ID,
+        scale_factor=VLM_SCALE_FACTOR,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+
+
+def _vlm_processor(path: Path) -> None:
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+    from transformers import Idefics3Processor, PreTrainedTokenizerFast
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
+    for i in range(len(vocab), VOCAB_SIZE):
+        vocab[f"w{i}"] = i
+    for i, t in enumerate(VLM_SPECIAL_TOKENS):
+        vocab[t] = VOCAB_SIZE + i
+    assert vocab[VLM_IMAGE_TOKEN] == VLM_IMAGE_TOKEN_ID
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VLM_SPECIAL_TOKENS])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+    )
+    images = Idefics3ImageProcessorPil(
+        do_image_splitting=False,
+        size={"longest_edge": VLM_IMAGE_SIZE},
+        max_image_size={"longest_edge": VLM_IMAGE_SIZE},
+    )
+    processor = Idefics3Processor(image_processor=images, tokenizer=fast, image_seq_len=VLM_IMAGE_TOKENS)
+    processor.save_pretrained(str(path))
+
+
+def build_tiny_vlm(spec: TinyVlmSpec | None = None, cache_dir: Path | None = None) -> Path:
+    """Build (once) and return the directory of a tiny random-weight
+    Idefics3: config, weights, tokenizer (with ``VLM_SPECIAL_TOKENS``) and
+    processor. Each image becomes one item of ``VLM_ITEM_TOKENS`` prompt
+    positions wherever a prompt holds ``VLM_IMAGE_TOKEN_ID``."""
+    spec = spec or TinyVlmSpec()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    path = root / spec.name
+    marker = path / "lmcache_ascend_spec.json"
+    if marker.exists():
+        return path
+    import torch
+    import transformers as tf
+
+    path.mkdir(parents=True, exist_ok=True)
+    config = _vlm_config(spec)
+    config.dtype = spec.dtype
+    torch.manual_seed(spec.seed)
+    model = tf.Idefics3ForConditionalGeneration(config)
+    _save_random(model, spec.dtype, path)
+    _vlm_processor(path)
+    _mark_built(marker, spec)
+    return path
+
+
+def tiny_image(seed: int, size: int = VLM_IMAGE_SIZE):
+    """A deterministic RGB PIL image of random pixels."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, size=(size, size, 3), dtype=np.uint8), "RGB")
