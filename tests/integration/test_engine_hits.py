@@ -17,6 +17,7 @@ from lmcache_ascend.cli.tiny_models import token_prompt
 from lmcache_ascend.compat import vllm_features
 
 import sched_trace
+from faults import MULTIPROCESS
 
 from .conftest import run_engine_in, run_reference_in
 
@@ -51,9 +52,12 @@ def assert_same(got, ref, what: str, tol: float = LOGPROB_TOL) -> None:
 
 
 def run_pair(run_engine, model: str, dtype: str = "float32", **kw):
-    with_conn, log = run_engine(Scenario(model=model, phases=phases(), dtype=dtype, **kw))
+    # vLLM's multiprocess engine core, as `LLM` and `vllm serve` run it: the
+    # connector's scheduler and worker halves in two processes, its step
+    # metadata pickled between them (most other engine tests run in-process).
+    with_conn, log = run_engine(Scenario(model=model, phases=phases(), dtype=dtype, env=dict(MULTIPROCESS), **kw))
     without, _ = run_engine(
-        Scenario(model=model, phases=phases(), dtype=dtype, connector="none")
+        Scenario(model=model, phases=phases(), dtype=dtype, connector="none", env=dict(MULTIPROCESS))
     )
     return with_conn, without, log
 

@@ -41,6 +41,7 @@ from lmcache_ascend.cli.tiny_models import token_prompt
 from lmcache_ascend.compat import vllm_features
 
 import sched_trace
+from faults import MULTIPROCESS
 
 from .conftest import run_engine_in, run_reference_in
 
@@ -310,7 +311,7 @@ def test_state_hits_under_preemption(state_model, tmp_path):
         # The engine core in its own process: requests that arrive while
         # others run is what makes vLLM preempt here (queued all at once, in
         # process, the batch is admitted within the blocks and none is).
-        model=m.path, dtype="bfloat16", max_model_len=6 * b,
+        model=m.path, dtype="bfloat16", max_model_len=6 * b, env=dict(MULTIPROCESS),
         engine_kwargs={**ENGINE, "max_num_batched_tokens": b, "num_gpu_blocks_override": 30, "max_num_seqs": 6},
     )
     ref, _ = run(Scenario(connector="none", phases=phases + [Phase("alone", batch, reset_prefix_cache=True,

@@ -37,6 +37,7 @@ from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
 from faults import (  # noqa: F401 - chunk_hashes is used by other modules through this one
     CHUNK,
+    MULTIPROCESS,
     EngineProcess,
     chunk_hashes,
     mismatch,
@@ -139,11 +140,13 @@ def shared(tmp_path_factory, tiny_model) -> Shared:
     prompts = reliability_prompts()
     with RedisServer(work) as server:
         env = engine_env(server.url)
+        # A: vLLM's multiprocess engine core (the connector's halves in two
+        # processes), B: everything in one process; both must exit in time.
         a = run_engine_process(
             Scenario(model=model, phases=[Phase("store", [prompts[n] for n in NAMES], sequential=True)]),
             work,
             "engine_a",
-            env=env,
+            env={**env, **MULTIPROCESS},
             timeout_s=300,
             exit_bound_s=EXIT_BOUND_S,
         )
