@@ -55,7 +55,10 @@ class VllmFeatures:
     # The in-process engine client shuts the engine (and so the connectors)
     # down when it is garbage collected (vllm/v1/engine/core_client.py,
     # InprocClient._finalizer, 0.32). Before, nothing calls shutdown(); the
-    # flag is set in __init__, so the class cannot tell.
+    # flag is set in __init__, so the class cannot tell. Recorded, not relied
+    # on: the finalizer runs on garbage collection or at exit, after the
+    # interpreter joined threads, so the connectors close themselves before
+    # that join on every series (integration/vllm/shutdown.py).
     inproc_engine_shuts_down: bool
     # The scheduler merges its connector's stats only in steps where a worker
     # also returned stats (vllm/v1/core/sched/scheduler.py,

@@ -66,3 +66,60 @@ def test_preemption_under_small_kv_space(run_engine, tiny_model):
     # The shared prefix stored by the warmup request is hit in the batch.
     assert got[1].completions[0].num_cached_tokens >= CHUNK
     assert got[1].preemptions > 0, "no preemption happened"
+
+
+USER_SCRIPT = '''
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+
+if __name__ == "__main__":
+    model, prompt, done = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    llm = LLM(model=model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
+              kv_transfer_config={"kv_connector": "LMCacheAscendConnectorV1Dynamic", "kv_role": "kv_both",
+                                  "kv_connector_module_path": "%s"})
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(max_tokens=4, temperature=0.0))
+    print("tokens", list(out[0].outputs[0].token_ids), flush=True)
+    open(done, "w").write("done")
+    # No `del llm`, no shutdown: what user scripts and notebooks do.
+'''
+
+
+@pytest.mark.compat  # every supported vLLM closes in-process engines late or never
+def test_user_script_without_del_exits_and_keeps_its_chunks(tmp_path, tiny_model):
+    """A script that builds ``LLM`` with the connector (engine core
+    in-process), generates and ends without deleting it must exit by itself,
+    with every chunk it stored on disk: vLLM 0.32 closes an in-process
+    engine only when it is garbage collected or at exit, after Python joined
+    LMCache's non-daemon storage thread; older vLLMs never do."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from lmcache_ascend.cli.engine_run import CONNECTOR_MODULE
+
+    from .conftest import EXIT_GRACE_S, wait_for_exit
+
+    model = tiny_model("llama")
+    prompt = token_prompt(3 * CHUNK + 10, seed=13)
+    disk = tmp_path / "disk"
+    script = tmp_path / "user_script.py"
+    script.write_text(USER_SCRIPT % CONNECTOR_MODULE)
+    done = tmp_path / "done"
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "LMCACHE_LOCAL_DISK": f"file://{disk}/",
+           "LMCACHE_MAX_LOCAL_DISK_SIZE": "1", "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5",
+           "LMCACHE_CHUNK_SIZE": str(CHUNK)}
+    env.pop("PYTHONHASHSEED", None)
+    with open(tmp_path / "script.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, str(script), model, json.dumps(prompt), str(done)],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path), env=env)
+        hung = wait_for_exit(proc, done, 600, EXIT_GRACE_S)
+    text = (tmp_path / "script.log").read_text(errors="replace")
+    assert hung is None, f"the script {hung}:\n{text[-4000:]}"
+    assert proc.returncode == 0, text[-4000:]
+    assert "tokens [" in text
+    # Its 3 whole chunks were written before the process ended.
+    assert len(list(disk.glob("*.pt"))) >= 3, (sorted(disk.iterdir()) if disk.exists() else "no disk dir",
+                                                text[-3000:])

@@ -49,14 +49,14 @@ def install_shutdown(parent: Optional[Any], close: Callable[[], None]) -> None:
     bridge's bounded close of LMCache's engine."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 
-    from lmcache_ascend.compat import vllm_features
     from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
 
     if parent is None or type(parent).shutdown is not KVConnectorBase_V1.shutdown:
         return  # vLLM closes it itself
     parent.shutdown = close
-    if not vllm_features().inproc_engine_shuts_down:
-        close_before_thread_join(parent, lambda p: p.shutdown())
+    # On every vLLM: 0.32 closes an in-process engine only when it is
+    # garbage collected or at exit, after non-daemon threads are joined.
+    close_before_thread_join(parent, lambda p: p.shutdown())
 
 
 def bind(parent: Any, engine: Any, config: Any, kv_caches: Mapping[str, Any]) -> None:

@@ -79,10 +79,14 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self._features = features
         self._scheduler = None
         self._worker = None
-        if not features.inproc_engine_shuts_down:
-            from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
+        # On every vLLM: before 0.32 nothing shuts an in-process engine's
+        # connectors down, and 0.32's InprocClient does so only when it is
+        # garbage collected or at exit, after the interpreter joined threads;
+        # LMCache's storage thread is not a daemon, so a script that never
+        # deletes its LLM would hang at exit (shutdown() is idempotent).
+        from lmcache_ascend.integration.vllm.shutdown import close_before_thread_join
 
-            close_before_thread_join(self, type(self).shutdown)
+        close_before_thread_join(self, type(self).shutdown)
         if role == KVConnectorRole.SCHEDULER:
             from lmcache_ascend.integration.vllm.wiring import build_scheduler_half
 

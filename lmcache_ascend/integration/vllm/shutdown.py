@@ -1,8 +1,10 @@
 """Closing the connector when vLLM will not.
 
-vLLM < 0.32's in-process engine never calls its connectors' ``shutdown()``
-(see ``lmcache_ascend.compat``), and LMCache's storage event-loop thread is
-not a daemon: the interpreter would wait for it forever.
+vLLM < 0.32's in-process engine never calls its connectors' ``shutdown()``,
+and 0.32's only when the engine client is garbage collected or at exit,
+after the interpreter joined non-daemon threads (see ``lmcache_ascend.compat``);
+LMCache's storage event-loop thread is not a daemon: a script that never
+deletes its ``LLM`` would wait for it forever.
 """
 
 from __future__ import annotations
