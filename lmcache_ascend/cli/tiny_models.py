@@ -166,9 +166,7 @@ def build_tiny_model(spec: TinyModelSpec | str, cache_dir: Path | None = None) -
         if spec not in SPECS:
             raise ValueError(f"unknown tiny model {spec!r}; valid: {sorted(SPECS)}")
         spec = SPECS[spec]
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / spec.name
-    marker = path / "lmcache_ascend_spec.json"
+    path, marker = _build_dir(cache_dir, spec.name)
     if marker.exists():
         return path
     import torch
@@ -186,6 +184,12 @@ def build_tiny_model(spec: TinyModelSpec | str, cache_dir: Path | None = None) -
     _tokenizer(path)
     _mark_built(marker, spec)
     return path
+
+
+def _build_dir(cache_dir: Path | None, name: str) -> tuple[Path, Path]:
+    """A model's directory and the marker of its complete build."""
+    path = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / name
+    return path, path / "lmcache_ascend_spec.json"
 
 
 def _save_random(model, dtype: str, path: Path) -> None:
@@ -374,9 +378,7 @@ def build_tiny_vlm(spec: TinyVlmSpec | None = None, cache_dir: Path | None = Non
     processor. Each image becomes one item of ``VLM_ITEM_TOKENS`` prompt
     positions wherever a prompt holds ``VLM_IMAGE_TOKEN_ID``."""
     spec = spec or TinyVlmSpec()
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    path = root / spec.name
-    marker = path / "lmcache_ascend_spec.json"
+    path, marker = _build_dir(cache_dir, spec.name)
     if marker.exists():
         return path
     import torch
