@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 import engine_errors
+import engine_zygote
 import sched_trace
 from faults import support_env
 from lmcache_ascend.cli.engine_run import PhaseResult, Scenario
@@ -24,6 +25,7 @@ from lmcache_ascend.cli.tiny_models import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_CACHE = ROOT / "tests" / ".models"
+ENGINE_MODULE = "lmcache_ascend.cli.engine_run"
 ENGINE_TIMEOUT_S = 600
 EXIT_GRACE_S = 60
 
@@ -40,7 +42,8 @@ def tiny_model():
 
 @pytest.fixture
 def run_engine(tmp_path):
-    """Run a Scenario in a fresh process; returns (phase results, log text).
+    """Run a Scenario in a fresh engine process (forked from a zygote where
+    it runs in one process: ``support/engine_zygote.py``); returns (phase results, log text).
 
     PYTHONHASHSEED is removed from the engine's environment unless the test
     sets it: chunk keys must agree across vLLM's processes without it (vLLM <
@@ -134,15 +137,18 @@ def _launch(work: Path, scenario: Scenario, extra_env: dict[str, str] | None, sc
     if schedule is not None:
         trace.mkdir(exist_ok=True)
         env["LMCA_SCHED_TRACE_DIR"] = str(trace)
-    with open(log, "w") as lf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "lmcache_ascend.cli.engine_run", str(sc), str(out)],
-            stdout=lf,
-            stderr=subprocess.STDOUT,
-            cwd=str(work),
-            env=env,
-        )
-        hung = wait_for_exit(proc, out, ENGINE_TIMEOUT_S, EXIT_GRACE_S)
+    args = [str(sc), str(out)]
+    proc = None
+    # The scenario's variables are set before vLLM is imported (engine_run),
+    # so a zygote's environment includes them.
+    full = {**env, **scenario.env}
+    if engine_zygote.eligible(full, scenario.engine_kwargs):
+        proc = engine_zygote.pool().launch(ENGINE_MODULE, args, full, work, log, owner=str(work))
+    if proc is None:
+        with open(log, "w") as lf:
+            proc = subprocess.Popen([sys.executable, "-m", ENGINE_MODULE, *args], stdout=lf,
+                                    stderr=subprocess.STDOUT, cwd=str(work), env=env)
+    hung = wait_for_exit(proc, out, ENGINE_TIMEOUT_S, EXIT_GRACE_S)
     if schedule is not None:
         schedule.extend(sched_trace.read(trace))
     return _Run(proc.returncode, hung, log.read_text(errors="replace"), out)

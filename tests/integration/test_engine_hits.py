@@ -51,14 +51,10 @@ def assert_same(got, ref, what: str, tol: float = LOGPROB_TOL) -> None:
         assert worst <= tol, f"{what}[{i}]: logprobs differ by {worst} (tolerance {tol})"
 
 
-def run_pair(run_engine, model: str, dtype: str = "float32", **kw):
-    # vLLM's multiprocess engine core, as `LLM` and `vllm serve` run it: the
-    # connector's scheduler and worker halves in two processes, its step
-    # metadata pickled between them (most other engine tests run in-process).
-    with_conn, log = run_engine(Scenario(model=model, phases=phases(), dtype=dtype, env=dict(MULTIPROCESS), **kw))
-    without, _ = run_engine(
-        Scenario(model=model, phases=phases(), dtype=dtype, connector="none", env=dict(MULTIPROCESS))
-    )
+def run_pair(run_engine, model: str, dtype: str = "float32", env: dict | None = None, **kw):
+    env = dict(env or {})
+    with_conn, log = run_engine(Scenario(model=model, phases=phases(), dtype=dtype, env=env, **kw))
+    without, _ = run_engine(Scenario(model=model, phases=phases(), dtype=dtype, connector="none", env=env))
     return with_conn, without, log
 
 
@@ -69,10 +65,17 @@ def check_outputs(with_conn, without) -> None:
     assert_same(with_conn[1], with_conn[0], "warm vs cold")
 
 
-# Gemma-3 (six KV cache groups) runs on every supported vLLM (`compat`).
-@pytest.mark.parametrize("name", ["llama", "gemma2", pytest.param("gemma3", marks=pytest.mark.compat)])
-def test_attention_models_hit_and_match(run_engine, tiny_model, name):
-    with_conn, without, log = run_pair(run_engine, tiny_model(name))
+# Gemma-3 (six KV cache groups) runs on every supported vLLM (`compat`), on
+# vLLM's multiprocess engine core, as `LLM` and `vllm serve` run it: the
+# connector's scheduler and worker halves in two processes, its step
+# metadata (all six groups' blocks) pickled between them. The others run
+# in-process, as most engine tests do (the same connector code, one process
+# start instead of three).
+@pytest.mark.parametrize("name,env", [("llama", {}), ("gemma2", {}),
+                                      pytest.param("gemma3", MULTIPROCESS, marks=pytest.mark.compat)],
+                         ids=["llama", "gemma2", "gemma3"])
+def test_attention_models_hit_and_match(run_engine, tiny_model, name, env):
+    with_conn, without, log = run_pair(run_engine, tiny_model(name), env=env)
     check_outputs(with_conn, without)
     by_name = {p.name: p for p in with_conn}
     # Cold: nothing cached. Warm: every whole chunk except the last token's.

@@ -72,6 +72,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+import engine_zygote
+
 logger = logging.getLogger(__name__)
 
 FAULTY_CONNECTOR = "FaultyLMCacheAscendConnectorV1Dynamic"
@@ -398,31 +400,37 @@ def run_engine_process(
     t0 = time.time()
     timed_out = hung = False
     results_at: Optional[float] = None
-    with open(log_path, "w") as lf:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", FAULTS_MODULE, str(sc), str(out)],
-            stdout=lf,
-            stderr=subprocess.STDOUT,
-            cwd=str(workdir),
-            env=full_env,
-            start_new_session=True,
-        )
-        while proc.poll() is None:
-            now = time.time()
-            if results_at is None and out.exists():
-                results_at = now
-            if now - t0 > timeout_s:
-                timed_out = True
-            elif results_at is not None and now - results_at > exit_bound_s:
-                hung = True
-            if timed_out or hung:
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=30)
-                break
-            time.sleep(0.25)
+    proc: Any = None
+    full_env.update(scenario.env)  # set before vLLM is imported (engine_run)
+    if engine_zygote.eligible(full_env, scenario.engine_kwargs):
+        proc = engine_zygote.pool().launch(FAULTS_MODULE, [str(sc), str(out)], full_env, workdir,
+                                           log_path, owner=str(workdir), new_session=True)
+    if proc is None:
+        with open(log_path, "w") as lf:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", FAULTS_MODULE, str(sc), str(out)],
+                stdout=lf,
+                stderr=subprocess.STDOUT,
+                cwd=str(workdir),
+                env=full_env,
+                start_new_session=True,
+            )
+    while proc.poll() is None:
+        now = time.time()
+        if results_at is None and out.exists():
+            results_at = now
+        if now - t0 > timeout_s:
+            timed_out = True
+        elif results_at is not None and now - results_at > exit_bound_s:
+            hung = True
+        if timed_out or hung:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=30)
+            break
+        time.sleep(0.25)
     t_exit = time.time()
     text = log_path.read_text(errors="replace")
     last_phase = None

@@ -11,7 +11,7 @@ module writes it down so a test can check that instead of assuming it.
 
 Python imports ``sitecustomize`` from ``sys.path`` at start-up, and the
 engine processes of the tests have this folder on ``PYTHONPATH``
-(``faults.support_env``). With ``LMCA_SCHED_TRACE_DIR`` set, every call of
+(``faults.support_env``). With ``LMCA_SCHED_TRACE_DIR`` set (read at each step), every call of
 vLLM's model runner ``execute_model`` appends one JSON line to
 ``<dir>/sched-<pid>.jsonl``: ``[[request, computed, scheduled], ...]`` in
 the order vLLM batched them, and the process's torch thread count. The
@@ -34,7 +34,9 @@ import json
 import os
 import sys
 
-_DIR = os.environ.get("LMCA_SCHED_TRACE_DIR")
+# Read at every step, not at start-up: an engine forked from a zygote
+# (engine_zygote.py) gets its trace directory after this file ran.
+_TRACE_ENV = "LMCA_SCHED_TRACE_DIR"
 _ISA = os.environ.get("LMCA_CPU_ISA", "").strip().lower()
 _RUNNER = "vllm.v1.worker.gpu_model_runner"  # vLLM-CPU's runner subclasses it
 _PLATFORM = "vllm.platforms.cpu"
@@ -59,13 +61,12 @@ def _wrap(cls) -> None:
     fn = cls.__dict__.get("execute_model")
     if fn is None:
         return
-    path = os.path.join(_DIR, f"sched-{os.getpid()}.jsonl")
-
     def traced(self, scheduler_output, *args, **kwargs):
         import torch
 
-        if scheduler_output.total_num_scheduled_tokens:
-            with open(path, "a") as fh:
+        trace_dir = os.environ.get(_TRACE_ENV)
+        if trace_dir and scheduler_output.total_num_scheduled_tokens:
+            with open(os.path.join(trace_dir, f"sched-{os.getpid()}.jsonl"), "a") as fh:
                 fh.write(json.dumps({"threads": torch.get_num_threads(),
                                      "batch": _steps(scheduler_output)}) + "\n")
         return fn(self, scheduler_output, *args, **kwargs)
@@ -120,9 +121,9 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
-_hooks = {}
-if _DIR:
-    _hooks[_RUNNER] = _wrap_runner
+# The runner is wrapped in every test engine; the wrapper writes only while
+# the variable is set.
+_hooks = {_RUNNER: _wrap_runner}
 if _ISA:
     if _ISA not in _VARIANTS:
         raise SystemExit(f"LMCA_CPU_ISA={_ISA!r} is not valid; valid: {sorted(_VARIANTS)}")

@@ -1,0 +1,108 @@
+"""The engine zygote (``support/engine_zygote.py``): a forked test engine
+behaves like a fresh process where the tests depend on it.
+
+* The module runs as ``__main__`` with its output in the log, and its exit
+  status is the one a fresh interpreter would return.
+* A non-daemon thread that never ends keeps the child alive, as it keeps a
+  fresh interpreter alive: a connector that hangs its process at exit is
+  still caught.
+* Two runs of one test with the same environment come from different
+  zygotes (different hash secrets); a later run reuses a zygote.
+* A forked llama engine computes exactly what a fresh engine process does
+  (tokens, logprobs, cached-token counts).
+
+The compatibility stacks run them all, each on its own vLLM's imports.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import replace
+
+import pytest
+
+import engine_zygote
+from faults import support_env
+from lmcache_ascend.cli.engine_run import Phase, Scenario
+from lmcache_ascend.cli.tiny_models import token_prompt
+
+from .conftest import run_engine_in
+
+
+@pytest.fixture
+def zygotes(tmp_path):
+    pool = engine_zygote.ZygotePool(tmp_path / "zygotes")
+    yield pool
+    pool.close()
+
+
+def _env() -> dict[str, str]:
+    env = support_env(dict(os.environ))
+    env.pop("PYTHONHASHSEED", None)
+    env.pop(engine_zygote.ENABLE_ENV, None)
+    return env
+
+
+def _probe(pool, tmp_path, tag, mode="", owner="t"):
+    out, log = tmp_path / f"{tag}.json", tmp_path / f"{tag}.log"
+    proc = pool.launch("zygote_probe", [str(out)] + ([mode] if mode else []), _env(), tmp_path, log, owner=owner)
+    assert proc is not None, "the zygote refused to fork (see the warning above)"
+    return proc, out, log
+
+
+def test_child_runs_the_module_as_main_with_its_exit_status_and_log(zygotes, tmp_path):
+    proc, out, log = _probe(zygotes, tmp_path, "a", mode="3")
+    assert proc.wait(timeout=120) == 3
+    got = json.loads(out.read_text())
+    assert got["pid"] == proc.pid
+    assert got["vllm_imported_before_main"] is True  # it was forked, not started fresh
+    text = log.read_text()
+    assert "probe stdout line" in text and "probe stderr line" in text
+
+
+def test_a_never_ending_thread_keeps_the_child_alive_until_killed(zygotes, tmp_path):
+    proc, out, _ = _probe(zygotes, tmp_path, "t", mode="thread")
+    deadline = time.monotonic() + 120
+    while not out.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert out.exists()
+    time.sleep(2)
+    assert proc.poll() is None, "the child exited with a non-daemon thread running"
+    proc.kill()
+    assert proc.wait(timeout=30) == -9
+
+
+def test_runs_of_one_test_alternate_zygotes_and_later_runs_reuse_them(zygotes, tmp_path):
+    runs = []
+    for i in range(3):
+        proc, out, _ = _probe(zygotes, tmp_path, f"r{i}")
+        assert proc.wait(timeout=120) == 0
+        runs.append(json.loads(out.read_text())["hash"])
+    assert runs[0] != runs[1], "two runs of one test shared a hash secret"
+    assert runs[2] == runs[0], "the third run did not reuse the first run's zygote"
+    # Another test's first run uses its first zygote again.
+    proc, out, _ = _probe(zygotes, tmp_path, "other", owner="another test")
+    assert proc.wait(timeout=120) == 0
+    assert json.loads(out.read_text())["hash"] == runs[0]
+
+
+@pytest.mark.engine
+@pytest.mark.compat  # fork after vLLM's imports, checked on every supported vLLM
+def test_forked_engine_computes_what_a_fresh_engine_process_does(tmp_path, tiny_model, monkeypatch):
+    scenario = Scenario(model=tiny_model("llama"), phases=[
+        Phase("cold", [token_prompt(300, seed=1), token_prompt(200, seed=2)]),
+        Phase("warm", [token_prompt(300, seed=1)], sequential=True),
+    ])
+    for d in ("fresh", "forked"):
+        (tmp_path / d).mkdir()
+    monkeypatch.setenv(engine_zygote.ENABLE_ENV, "0")
+    fresh, _ = run_engine_in(tmp_path / "fresh", scenario)
+    monkeypatch.setenv(engine_zygote.ENABLE_ENV, "1")
+    forks = engine_zygote.pool().forks
+    forked, _ = run_engine_in(tmp_path / "forked", replace(scenario))
+    assert engine_zygote.pool().forks == forks + 1, "the second engine was not forked from a zygote"
+    assert [[(c.tokens, c.logprobs, c.num_cached_tokens) for c in p.completions] for p in forked] == \
+        [[(c.tokens, c.logprobs, c.num_cached_tokens) for c in p.completions] for p in fresh]
+    assert forked[1].completions[0].num_cached_tokens > 0  # the warm phase hit vLLM's own cache

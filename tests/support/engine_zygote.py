@@ -1,0 +1,371 @@
+"""Test engines forked from an interpreter that already imported vLLM.
+
+Most of an in-process test engine's wall time is Python importing torch,
+vLLM, transformers and LMCache (about 15 s of a 23 s llama run on a 2-core
+machine, measured with ``python -X importtime``), paid again by every
+engine of every test. A zygote is a process started with exactly the
+environment an engine process would get, that imports those modules once
+and then forks one child per engine run. The child runs the same module a
+fresh process would (``python -m lmcache_ascend.cli.engine_run ...`` or
+``python -m faults ...``), with its output in the engine's log, and exits
+the way an interpreter does: it joins its non-daemon threads, runs the
+``atexit`` handlers, then exits with the module's status. A child that
+hangs at exit hangs here too, and is killed and reported the same way.
+
+What a fork shares that fresh processes would not, and how it is kept
+apart:
+
+* The environment: a zygote serves one environment only (every variable,
+  the scenario's own included), so every module that reads a variable at
+  import reads what a fresh process would have read.
+* Python's hash secret (``PYTHONHASHSEED`` is unset for test engines): two
+  engines of one test with the same environment come from two different
+  zygotes, so chunk keys are still checked to agree across processes
+  whose hash secrets differ.
+* Threads: a fork keeps only the calling thread, and an OpenMP pool
+  started before a fork breaks the child's. Before every fork a zygote
+  checks that it has one Python thread and no OS thread beyond those its
+  imports started (OpenBLAS', see ``serve``), and otherwise stops serving;
+  the caller then starts fresh processes and logs why.
+
+Used only where an engine runs in one process: the engine core in-process,
+no tensor or data parallelism. ``LMCA_TEST_ZYGOTE=0`` turns it off (every engine a
+fresh process, as before).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+ENABLE_ENV = "LMCA_TEST_ZYGOTE"
+# What an engine process imports before it builds its engine (engine_run:
+# ``from vllm import LLM, SamplingParams``), and nothing more: a module
+# imported earlier than in a fresh process can change what vLLM does at
+# start-up (its CPU platform rebinds kernels in every module already
+# imported, and fails on some: llvmlite's, seen when the zygote imported
+# every module an earlier engine had).
+EAGER = ("vllm", "vllm.entrypoints.llm")
+# Zygotes alive at once (each holds an interpreter with torch and vLLM,
+# about 0.5 GB, shared copy-on-write with its children).
+MAX_ALIVE = 3
+READY_TIMEOUT_S = 300
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+# ---- the zygote process ------------------------------------------------------
+
+
+def _child(req: dict) -> None:
+    """In the forked child: become ``python -m <module> <args>``; never returns."""
+    import atexit
+    import runpy
+    import threading
+    import traceback
+
+    rc = 1
+    try:
+        if req.get("new_session"):
+            os.setsid()
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.chdir(req["cwd"])
+        os.environ.update(req.get("env") or {})
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        sys.argv = [req["module"]] + list(req["args"])
+        try:
+            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            rc = 0
+        except SystemExit as e:
+            code = e.code
+            if code is None:
+                rc = 0
+            elif isinstance(code, int):
+                rc = code
+            else:
+                print(code, file=sys.stderr)
+                rc = 1
+        except BaseException:  # noqa: BLE001 - what the interpreter would print
+            traceback.print_exc()
+            rc = 1
+        # What the interpreter does at exit, in its order: join the
+        # non-daemon threads (a thread that never ends hangs the child, as it
+        # would hang a fresh process), then run the atexit handlers.
+        threading._shutdown()
+        atexit._run_exitfuncs()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
+
+
+def serve(state_dir: Path) -> int:
+    """The zygote's loop: one JSON request per stdin line, one JSON reply per
+    stdout line; each child's exit status goes to ``state_dir/exit-<pid>``."""
+    import importlib
+    import threading
+
+    for name in EAGER:  # an error ends the zygote; the caller starts fresh processes
+        importlib.import_module(name)
+    # The imports start OpenBLAS' thread servers (numpy's and OpenCV's, as a
+    # fresh engine process has them), which OpenBLAS stops before a fork
+    # (its pthread_atfork handler) and restarts on use. Nothing may start
+    # another thread before a fork: an OpenMP pool would break the child's.
+    allowed = _os_threads()
+    reply = sys.stdout
+    reply.write(json.dumps({"ready": True, "threads": _os_threads()}) + "\n")
+    reply.flush()
+    stdin = sys.stdin.fileno()
+    buf = b""
+    while True:
+        _reap(state_dir)
+        ready, _, _ = select.select([stdin], [], [], 0.2)
+        if not ready:
+            continue
+        chunk = os.read(stdin, 65536)
+        if not chunk:
+            break  # the test session ended
+        buf += chunk
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            req = json.loads(line)
+            threads = _os_threads()
+            if threads > allowed or threading.active_count() != 1:
+                reply.write(json.dumps({"error": f"{threads} OS threads (at most {allowed}), "
+                                        f"{threading.active_count()} Python threads: "
+                                        "a fork would not be a clean engine"}) + "\n")
+                reply.flush()
+                return 1
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+            if pid == 0:
+                _child(req)
+            reply.write(json.dumps({"pid": pid}) + "\n")
+            reply.flush()
+    while _reap(state_dir, block=True):
+        pass
+    return 0
+
+
+def _reap(state_dir: Path, block: bool = False) -> bool:
+    """Records the exit status of finished children; False when none is left."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0 if block else os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+        rc = os.waitstatus_to_exitcode(status)
+        tmp = state_dir / f".exit-{pid}"
+        tmp.write_text(str(rc))
+        tmp.rename(state_dir / f"exit-{pid}")
+        if block:
+            return True
+
+
+# ---- the test side -----------------------------------------------------------
+
+
+class ForkedProcess:
+    """A zygote's child, with the part of ``subprocess.Popen`` the engine
+    launchers use (``pid``, ``returncode``, ``poll``, ``wait``, ``kill``)."""
+
+    def __init__(self, pid: int, state_dir: Path, zygote: subprocess.Popen):
+        self.pid = pid
+        self.returncode: Optional[int] = None
+        self._exit = state_dir / f"exit-{pid}"
+        self._zygote = zygote
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None and self._exit.exists():
+            self.returncode = int(self._exit.read_text())
+        elif self.returncode is None and self._zygote.poll() is not None and not _alive(self.pid):
+            self.returncode = -signal.SIGKILL  # its zygote died before it could report it
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"forked engine {self.pid}", timeout)
+            time.sleep(0.05)
+        return self.returncode
+
+    def kill(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@dataclass
+class _Zygote:
+    proc: subprocess.Popen
+    state_dir: Path
+    last_used: float = field(default_factory=time.monotonic)
+
+    def request(self, req: dict) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(req) + "\n")
+        self.proc.stdin.flush()
+        return _read_reply(self.proc, READY_TIMEOUT_S)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _read_reply(proc: subprocess.Popen, timeout_s: float) -> dict:
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    line = proc.stdout.readline() if ready else ""
+    if not line:
+        raise RuntimeError(f"zygote {proc.pid} gave no reply within {timeout_s:.0f} s (exit code {proc.poll()})")
+    return json.loads(line)
+
+
+# Variables pytest sets per test: a fresh engine would inherit them, and
+# nothing in an engine reads them.
+_PER_TEST = ("PYTEST_CURRENT_TEST",)
+# Variables read only after start-up (the schedule trace's directory, read
+# at every step by support/sitecustomize.py): set in the child, not part of
+# a zygote's environment.
+LATE_ENV = ("LMCA_SCHED_TRACE_DIR",)
+_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+
+
+def eligible(env: dict[str, str], engine_kwargs: dict) -> bool:
+    """Whether an engine with this environment runs in one process (see the
+    module's docstring)."""
+    return (env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+            and all(int(engine_kwargs.get(k, 1) or 1) == 1 for k in _PARALLEL))
+
+
+_POOL: Optional["ZygotePool"] = None
+
+
+def pool() -> "ZygotePool":
+    """The session's zygotes (stopped when the test process exits)."""
+    global _POOL
+    if _POOL is None:
+        import atexit
+        import tempfile
+
+        _POOL = ZygotePool(Path(tempfile.mkdtemp(prefix="lmca-zygotes-")))
+        atexit.register(_POOL.close)
+    return _POOL
+
+
+class ZygotePool:
+    """Zygotes by (interpreter, environment, slot), started on first use."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._zygotes: dict[tuple, _Zygote] = {}
+        self._failed: set[tuple] = set()
+        self._runs: dict[tuple, int] = {}
+        self._seq = 0
+        self.forks = 0  # engines forked so far
+
+    def launch(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log: Path,
+               owner: str, new_session: bool = False) -> Optional[ForkedProcess]:
+        """A forked engine process, or None where the caller must start a
+        fresh one (turned off, or this environment's zygote failed: logged)."""
+        if os.environ.get(ENABLE_ENV, "1") == "0":
+            return None
+        late = {k: env[k] for k in LATE_ENV if k in env}
+        env = {k: v for k, v in env.items() if k not in _PER_TEST and k not in LATE_ENV}
+        env_key = (sys.executable, tuple(sorted(env.items())))
+        # The n-th run of an environment within one test (``owner``) uses
+        # slot n % 2: two engines of a test never share a hash secret.
+        n = self._runs.get((owner, env_key), 0)
+        self._runs[(owner, env_key)] = n + 1
+        key = env_key + (n % 2,)
+        if key in self._failed:
+            return None
+        try:
+            z = self._zygote(key, env)
+            reply = z.request({"module": module, "args": args, "cwd": str(cwd), "log": str(log),
+                               "new_session": new_session, "env": late})
+            if "error" in reply:
+                raise RuntimeError(reply["error"])
+        except (OSError, RuntimeError, ValueError) as e:
+            self._failed.add(key)
+            self._drop(key)
+            logger.warning("engine zygote unusable (%s); this environment's engines start as fresh processes", e)
+            return None
+        z.last_used = time.monotonic()
+        self.forks += 1
+        return ForkedProcess(int(reply["pid"]), z.state_dir, z.proc)
+
+    def _zygote(self, key: tuple, env: dict[str, str]) -> _Zygote:
+        z = self._zygotes.get(key)
+        if z is not None and z.proc.poll() is None:
+            return z
+        while len(self._zygotes) >= MAX_ALIVE:
+            self._drop(min(self._zygotes, key=lambda k: self._zygotes[k].last_used))
+        self._seq += 1
+        state_dir = self.root / f"zygote{self._seq}"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        log = open(state_dir / "zygote.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "engine_zygote", str(state_dir)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+            env=env, cwd=str(state_dir),
+        )
+        log.close()
+        z = _Zygote(proc, state_dir)
+        self._zygotes[key] = z
+        ready = _read_reply(proc, READY_TIMEOUT_S)
+        if not ready.get("ready"):
+            raise RuntimeError(f"zygote did not start: {ready}")
+        return z
+
+    def _drop(self, key: tuple) -> None:
+        z = self._zygotes.pop(key, None)
+        if z is not None:
+            z.stop()
+
+    def close(self) -> None:
+        import shutil
+
+        for key in list(self._zygotes):
+            self._drop(key)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(serve(Path(sys.argv[1])))

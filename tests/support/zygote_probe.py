@@ -1,0 +1,21 @@
+"""A module the zygote tests run as ``python -m zygote_probe OUT [thread]``:
+writes what tells two processes apart (the hash of a string, which
+PYTHONHASHSEED randomises per interpreter; the pid) and, with ``thread``,
+leaves a non-daemon thread running, which must keep the process alive as it
+would keep a fresh interpreter alive."""
+
+import json
+import os
+import sys
+import threading
+
+if __name__ == "__main__":
+    out, mode = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
+    print("probe stdout line", flush=True)
+    print("probe stderr line", file=sys.stderr, flush=True)
+    if mode == "thread":
+        threading.Thread(target=threading.Event().wait, name="never-ends").start()
+    with open(out, "w") as f:
+        json.dump({"hash": hash("lmcache-ascend"), "pid": os.getpid(),
+                   "vllm_imported_before_main": "vllm" in sys.modules}, f)
+    sys.exit(int(mode) if mode.isdigit() else 0)
