@@ -126,6 +126,12 @@ def serve(state_dir: Path) -> int:
     import importlib
     import threading
 
+    # Replies go to the test process on a descriptor of their own: vLLM logs
+    # to stdout, on some versions while it is imported. What the zygote
+    # itself prints goes to its log (stderr).
+    reply_fd = os.dup(1)
+    os.dup2(2, 1)
+    reply = os.fdopen(reply_fd, "w")
     for name in EAGER:  # an error ends the zygote; the caller starts fresh processes
         importlib.import_module(name)
     # The imports start OpenBLAS' thread servers (numpy's and OpenCV's, as a
@@ -133,7 +139,6 @@ def serve(state_dir: Path) -> int:
     # (its pthread_atfork handler) and restarts on use. Nothing may start
     # another thread before a fork: an OpenMP pool would break the child's.
     allowed = _os_threads()
-    reply = sys.stdout
     reply.write(json.dumps({"ready": True, "threads": _os_threads()}) + "\n")
     reply.flush()
     stdin = sys.stdin.fileno()
@@ -161,6 +166,7 @@ def serve(state_dir: Path) -> int:
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
+                reply.close()  # the child never writes to the test process
                 _child(req)
             reply.write(json.dumps({"pid": pid}) + "\n")
             reply.flush()
