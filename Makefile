@@ -82,41 +82,15 @@ $(BUILD_STAMP): $(NATIVE_SRC) | venv
 build: venv $(BUILD_STAMP)
 
 # Every stack, even when one fails; the exit status says whether all passed.
-# The compatibility stacks are installed and built in the background (one
-# compile job) while the primary suite runs: downloads and unpacking overlap
-# the tests instead of adding to them. Then the compatibility stacks run side
-# by side, COMPAT_JOBS at a time (much of an engine test is process start-up
-# and imports, which overlap well), each into its own log, printed when all
-# are done.
+# scripts/test_all.py schedules them: the compatibility stacks are installed
+# and built in the background while the primary suite runs, and tested beside
+# it (COMPAT_BESIDE at a time; an engine test keeps 2 cores about half busy),
+# then COMPAT_JOBS at a time once it has ended, each into its own log,
+# printed when all are done.
+COMPAT_BESIDE ?= 1
 test: system-deps build
-	@mkdir -p build/stacks; \
-	echo "[test] setup (system deps, primary stack, build): $$($(call MINUTES_SINCE,$(MAKE_START)))"; \
-	( for s in $(COMPAT_STACKS); do \
-	    t=$$(date +%s); \
-	    $(MAKE) --no-print-directory prepare-stack STACK=$$s CMAKE_BUILD_PARALLEL_LEVEL=1 || exit 1; \
-	    echo "[test] prepared stack $$s in $$($(call MINUTES_SINCE,$$t))"; \
-	  done ) > build/stacks/prepare.log 2>&1 & prep=$$!; \
-	failed=""; t=$$(date +%s); \
-	$(MAKE) --no-print-directory test-primary || failed="$$failed $(PRIMARY_STACK)"; \
-	echo "[test] stack $(PRIMARY_STACK): $$($(call MINUTES_SINCE,$$t))"; t=$$(date +%s); \
-	wait $$prep || { echo "[test] preparing the compatibility stacks failed:"; tail -n 40 build/stacks/prepare.log; }; \
-	echo "[test] waited $$($(call MINUTES_SINCE,$$t)) more for the compatibility stacks' setup (build/stacks/prepare.log)"; \
-	for s in $(COMPAT_STACKS); do rm -f build/stacks/$$s.test.rc; done; \
-	running=0; for s in $(COMPAT_STACKS); do \
-	  if [ $$running -ge $(COMPAT_JOBS) ]; then wait -n; running=$$((running - 1)); fi; \
-	  ( $(MAKE) --no-print-directory test-stack STACK=$$s > build/stacks/$$s.test.log 2>&1; \
-	    echo $$? > build/stacks/$$s.test.rc ) & running=$$((running + 1)); \
-	done; wait; \
-	for s in $(COMPAT_STACKS); do \
-	  [ "$$(cat build/stacks/$$s.test.rc 2>/dev/null)" = 0 ] || failed="$$failed $$s"; \
-	  echo "[test] ---- stack $$s (build/stacks/$$s.test.log) ----"; cat build/stacks/$$s.test.log; \
-	done; \
-	total=$$(( $$(date +%s) - $(MAKE_START) )); \
-	echo "[test] total wall time $$($(call MINUTES_SINCE,$(MAKE_START))) (setup included); goal $(TEST_GOAL_MIN) min"; \
-	if [ $$total -gt $$(( $(TEST_GOAL_MIN) * 60 )) ]; then \
-	  echo "[test] WARNING: over the $(TEST_GOAL_MIN)-minute goal (a warning, not a failure)"; fi; \
-	if [ -n "$$failed" ]; then echo "[test] FAILED on:$$failed"; exit 1; fi; \
-	echo "[test] passed on $(PRIMARY_STACK) $(COMPAT_STACKS)"
+	@$(PYTHON) scripts/test_all.py --primary $(PRIMARY_STACK) --compat $(COMPAT_STACKS) \
+	  --beside $(COMPAT_BESIDE) --jobs $(COMPAT_JOBS) --goal-min $(TEST_GOAL_MIN) --start $(MAKE_START)
 
 test-primary: system-deps build
 	@echo "[test] stack $(PRIMARY_STACK): the whole suite"

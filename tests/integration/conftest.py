@@ -138,12 +138,10 @@ def _launch(work: Path, scenario: Scenario, extra_env: dict[str, str] | None, sc
         trace.mkdir(exist_ok=True)
         env["LMCA_SCHED_TRACE_DIR"] = str(trace)
     args = [str(sc), str(out)]
-    proc = None
     # The scenario's variables are set before vLLM is imported (engine_run),
     # so a zygote's environment includes them.
     full = {**env, **scenario.env}
-    if engine_zygote.eligible(full, scenario.engine_kwargs):
-        proc = engine_zygote.pool().launch(ENGINE_MODULE, args, full, work, log, owner=str(work))
+    proc = engine_zygote.pool().launch(ENGINE_MODULE, args, full, work, log, owner=str(work))
     if proc is None:
         with open(log, "w") as lf:
             proc = subprocess.Popen([sys.executable, "-m", ENGINE_MODULE, *args], stdout=lf,

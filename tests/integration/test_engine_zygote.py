@@ -8,6 +8,8 @@ behaves like a fresh process where the tests depend on it.
   still caught.
 * Two runs of one test with the same environment come from different
   zygotes (different hash secrets); a later run reuses a zygote.
+* A zygote evicted (too many alive) while its child runs lets the child
+  finish and still reports the child's own exit status.
 * A forked llama engine computes exactly what a fresh engine process does
   (tokens, logprobs, cached-token counts).
 
@@ -86,6 +88,20 @@ def test_runs_of_one_test_alternate_zygotes_and_later_runs_reuse_them(zygotes, t
     proc, out, _ = _probe(zygotes, tmp_path, "other", owner="another test")
     assert proc.wait(timeout=120) == 0
     assert json.loads(out.read_text())["hash"] == runs[0]
+
+
+def test_an_evicted_zygote_keeps_its_running_childs_exit_status(zygotes, tmp_path, monkeypatch):
+    monkeypatch.setattr(engine_zygote, "MAX_ALIVE", 1)
+    release = tmp_path / "release"
+    proc, out, _ = _probe(zygotes, tmp_path, "long", mode=f"until={release}")
+    # Another environment needs a zygote of its own: the first one is evicted
+    # while its child still runs.
+    monkeypatch.setenv("LMCA_PROBE_OTHER_ENV", "1")
+    other, _, _ = _probe(zygotes, tmp_path, "other")
+    assert other.wait(timeout=120) == 0
+    assert proc.poll() is None, "the evicted zygote's child did not keep running"
+    release.touch()
+    assert proc.wait(timeout=60) == 5, "the child's own exit status was lost with its zygote"
 
 
 @pytest.mark.engine

@@ -28,9 +28,11 @@ apart:
   imports started (OpenBLAS', see ``serve``), and otherwise stops serving;
   the caller then starts fresh processes and logs why.
 
-Used only where an engine runs in one process: the engine core in-process,
-no tensor or data parallelism. ``LMCA_TEST_ZYGOTE=0`` turns it off (every engine a
-fresh process, as before).
+The child is the engine's main process only: vLLM forks its own engine core,
+tensor-parallel workers and data-parallel ranks from it (its CPU default,
+``fork``), so those processes too start with vLLM imported, as they do
+from a fresh main process. ``LMCA_TEST_ZYGOTE=0`` turns it off (every
+engine a fresh process, as before).
 """
 
 from __future__ import annotations
@@ -247,8 +249,20 @@ class _Zygote:
         self.proc.stdin.flush()
         return _read_reply(self.proc, READY_TIMEOUT_S)
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
+    def retire(self) -> None:
+        """No more forks: the zygote waits for its children, records their
+        exit status, then exits (an engine still running keeps its status)."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        self.retire()
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
 
@@ -270,14 +284,6 @@ _PER_TEST = ("PYTEST_CURRENT_TEST",)
 # at every step by support/sitecustomize.py): set in the child, not part of
 # a zygote's environment.
 LATE_ENV = ("LMCA_SCHED_TRACE_DIR",)
-_PARALLEL = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-
-
-def eligible(env: dict[str, str], engine_kwargs: dict) -> bool:
-    """Whether an engine with this environment runs in one process (see the
-    module's docstring)."""
-    return (env.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
-            and all(int(engine_kwargs.get(k, 1) or 1) == 1 for k in _PARALLEL))
 
 
 _POOL: Optional["ZygotePool"] = None
@@ -302,9 +308,11 @@ class ZygotePool:
         self.root = root
         self._zygotes: dict[tuple, _Zygote] = {}
         self._failed: set[tuple] = set()
+        self._retired: list[_Zygote] = []  # evicted, exiting once their children have
         self._runs: dict[tuple, int] = {}
         self._seq = 0
         self.forks = 0  # engines forked so far
+        self.started = 0  # zygotes started so far
 
     def launch(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log: Path,
                owner: str, new_session: bool = False) -> Optional[ForkedProcess]:
@@ -342,8 +350,11 @@ class ZygotePool:
         if z is not None and z.proc.poll() is None:
             return z
         while len(self._zygotes) >= MAX_ALIVE:
-            self._drop(min(self._zygotes, key=lambda k: self._zygotes[k].last_used))
+            lru = self._zygotes.pop(min(self._zygotes, key=lambda k: self._zygotes[k].last_used))
+            lru.retire()
+            self._retired.append(lru)
         self._seq += 1
+        self.started += 1
         state_dir = self.root / f"zygote{self._seq}"
         state_dir.mkdir(parents=True, exist_ok=True)
         log = open(state_dir / "zygote.log", "w")
@@ -370,6 +381,8 @@ class ZygotePool:
 
         for key in list(self._zygotes):
             self._drop(key)
+        for z in self._retired:
+            z.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -400,11 +400,9 @@ def run_engine_process(
     t0 = time.time()
     timed_out = hung = False
     results_at: Optional[float] = None
-    proc: Any = None
     full_env.update(scenario.env)  # set before vLLM is imported (engine_run)
-    if engine_zygote.eligible(full_env, scenario.engine_kwargs):
-        proc = engine_zygote.pool().launch(FAULTS_MODULE, [str(sc), str(out)], full_env, workdir,
-                                           log_path, owner=str(workdir), new_session=True)
+    proc = engine_zygote.pool().launch(FAULTS_MODULE, [str(sc), str(out)], full_env, workdir,
+                                       log_path, owner=str(workdir), new_session=True)
     if proc is None:
         with open(log_path, "w") as lf:
             proc = subprocess.Popen(

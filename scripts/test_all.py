@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""`make test`'s schedule: the primary stack's whole suite and every
+compatibility stack's selection, with the machine's cores kept busy.
+
+An engine test keeps a 2-core machine about half busy (process start-up,
+model building and shutdown are mostly one thread): measured on vllm-0.26's
+compat engine tests alone, 56% of two cores. So the compatibility stacks do
+not wait for the primary suite: each one is installed and built in the
+background (one at a time: downloads and unpacking), then tested beside the
+primary suite, ``--beside`` stacks at a time while it runs and ``--jobs``
+once it has ended. Each stack writes its own log,
+``build/stacks/<stack>.test.log``, printed when everything has ended; the
+primary suite prints to the terminal as it runs.
+
+Every stack runs even when another failed; the exit status says whether all
+passed, and the last lines name those that did not.
+
+Usage (the Makefile passes its variables):
+  test_all.py --primary vllm-0.32 --compat vllm-0.26 vllm-0.30 ... \
+      [--beside 1] [--jobs 3] [--goal-min 45] [--start EPOCH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+LOGS = ROOT / "build" / "stacks"
+POLL_S = 2.0
+
+
+def minutes(since: float) -> str:
+    return f"{(time.time() - since) / 60:.1f} min"
+
+
+def say(msg: str) -> None:
+    print(f"[test] {msg}", flush=True)
+
+
+@dataclass
+class Job:
+    name: str
+    proc: subprocess.Popen
+    started: float = field(default_factory=time.time)
+    log: Optional[object] = None
+
+    def done(self) -> Optional[int]:
+        rc = self.proc.poll()
+        if rc is not None and self.log is not None:
+            self.log.close()
+            self.log = None
+        return rc
+
+
+def make(*args: str) -> list[str]:
+    return [os.environ.get("MAKE", "make"), "--no-print-directory", *args]
+
+
+def run(opts: argparse.Namespace) -> int:
+    LOGS.mkdir(parents=True, exist_ok=True)
+    start = opts.start or time.time()
+    say(f"setup (system deps, primary stack, build): {minutes(start)}")
+
+    # Installs and builds, one stack after the other, in the background.
+    prepare_log = open(LOGS / "prepare.log", "w")
+    prepared: list[str] = []
+    prepare_failed: list[str] = []
+    to_prepare = list(opts.compat)
+    preparing: Optional[Job] = None
+
+    def next_prepare() -> Optional[Job]:
+        if not to_prepare:
+            return None
+        name = to_prepare.pop(0)
+        prepare_log.write(f"[test] preparing stack {name}\n")
+        prepare_log.flush()
+        return Job(name, subprocess.Popen(
+            make("prepare-stack", f"STACK={name}", "CMAKE_BUILD_PARALLEL_LEVEL=1"),
+            stdout=prepare_log, stderr=subprocess.STDOUT, cwd=ROOT))
+
+    preparing = next_prepare()
+    primary = Job(opts.primary, subprocess.Popen(make("test-primary"), cwd=ROOT))
+    primary_rc: Optional[int] = None
+    queue = list(opts.compat)  # tested in this order, once prepared
+    running: list[Job] = []
+    results: dict[str, str] = {}
+    finished_at: dict[str, str] = {}
+
+    while True:
+        if preparing is not None and (rc := preparing.done()) is not None:
+            (prepared if rc == 0 else prepare_failed).append(preparing.name)
+            prepare_log.write(f"[test] prepared stack {preparing.name} in {minutes(preparing.started)}"
+                              f"{'' if rc == 0 else f' - FAILED (exit {rc})'}\n")
+            prepare_log.flush()
+            preparing = next_prepare()
+        if primary_rc is None and (rc := primary.done()) is not None:
+            primary_rc = rc
+            results[opts.primary] = "passed" if rc == 0 else f"FAILED (exit {rc})"
+            say(f"stack {opts.primary}: {minutes(primary.started)} "
+                f"({len(running)} compatibility stack(s) still running beside it)")
+        for job in list(running):
+            if (rc := job.done()) is not None:
+                running.remove(job)
+                results[job.name] = "passed" if rc == 0 else f"FAILED (exit {rc})"
+                finished_at[job.name] = minutes(start)
+        while queue and queue[0] in prepare_failed:
+            name = queue.pop(0)
+            results[name] = "FAILED (its install or build failed: build/stacks/prepare.log)"
+        limit = opts.beside if primary_rc is None else opts.jobs
+        while queue and queue[0] in prepared and len(running) < limit:
+            name = queue.pop(0)
+            log = open(LOGS / f"{name}.test.log", "w")
+            running.append(Job(name, subprocess.Popen(
+                make("test-stack", f"STACK={name}"), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT),
+                log=log))
+        if primary_rc is not None and not running and not queue and preparing is None:
+            break
+        time.sleep(POLL_S)
+    prepare_log.close()
+
+    for name in opts.compat:
+        log = LOGS / f"{name}.test.log"
+        say(f"---- stack {name} ({log.relative_to(ROOT)}) ----")
+        if log.exists():
+            sys.stdout.write(log.read_text(errors="replace"))
+    if prepare_failed:
+        say("preparing a compatibility stack failed; the end of build/stacks/prepare.log:")
+        sys.stdout.write("".join((LOGS / "prepare.log").read_text(errors="replace").splitlines(True)[-40:]))
+    for name in [opts.primary, *opts.compat]:
+        at = f", ended at {finished_at[name]}" if name in finished_at else ""
+        say(f"{name}: {results.get(name, 'not run')}{at}")
+    total_s = time.time() - start
+    say(f"total wall time {total_s / 60:.1f} min (setup included); goal {opts.goal_min} min")
+    if total_s > opts.goal_min * 60:
+        say(f"WARNING: over the {opts.goal_min}-minute goal (a warning, not a failure)")
+    failed = [n for n in [opts.primary, *opts.compat] if results.get(n) != "passed"]
+    if failed:
+        say("FAILED on: " + " ".join(failed))
+        return 1
+    say("passed on " + " ".join([opts.primary, *opts.compat]))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--primary", required=True)
+    p.add_argument("--compat", nargs="*", default=[])
+    p.add_argument("--beside", type=int, default=1,
+                   help="compatibility stacks tested at once while the primary suite runs")
+    p.add_argument("--jobs", type=int, default=3,
+                   help="compatibility stacks tested at once after it")
+    p.add_argument("--goal-min", type=float, default=45)
+    p.add_argument("--start", type=float, default=0.0, help="when make started (epoch seconds)")
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
