@@ -246,7 +246,8 @@ def probe(setup: Mapping[str, str], source: str) -> None:
         # holders registered with another metadata server: name both.
         raise MooncakeConfigError(
             f"{source}: 'mooncake_global_segment_size'=0 and the store at {where} has no segment this "
-            f"engine can write to (put failed, code {r['put']}): either no segment holder is running "
+            f"engine can write to (put failed, code {r['put']}; Mooncake's -200, NO_AVAILABLE_HANDLE, means "
+            "no mounted segment has room): either no segment holder is running "
             "(start mooncake_client --global_segment_size=<bytes> with the same master and metadata "
             "server, or give this engine a segment: mooncake_global_segment_size > 0), or the holders "
             "registered with another metadata server than 'mooncake_metadata_server'="
