@@ -53,6 +53,10 @@ def attach_logging() -> None:
         from lmcache.logging import init_logger
 
         init_logger("lmcache_ascend")
+        # LMCache advice and errors that do not apply under this connector.
+        from lmcache_ascend.lmcache_bridge import log_filters
+
+        log_filters.install()
         _logging_attached = True
 
 

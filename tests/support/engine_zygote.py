@@ -349,6 +349,7 @@ class ZygotePool:
         z = self._zygotes.get(key)
         if z is not None and z.proc.poll() is None:
             return z
+        self._retired = [r for r in self._retired if r.proc.poll() is None]  # reaps those done
         while len(self._zygotes) >= MAX_ALIVE:
             lru = self._zygotes.pop(min(self._zygotes, key=lambda k: self._zygotes[k].last_used))
             lru.retire()

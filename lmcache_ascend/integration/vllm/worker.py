@@ -133,6 +133,12 @@ class WorkerHalf:
         return self.stats.take()
 
     def close(self) -> None:
+        # vLLM tells the worker that a request ended in the next step's
+        # metadata; the requests an engine served last before it went idle
+        # and shut down never get that step, so their lines come now.
+        for req_id, rec in list(self._records.items()):
+            self._log_record(req_id, rec, " (logged at shutdown)")
+        self._records.clear()
         self.engine.close()
 
     def check_agreement(self, step: StepTransfers) -> None:
@@ -474,20 +480,24 @@ class WorkerHalf:
                 logger.exception("lmcache-ascend: unpinning %s failed", req_id)
             rec = self._records.pop(req_id, None)
             if rec is not None:
-                logger.info(
-                    "lmcache-ascend: request %s: hit %d tokens (vLLM had %d), loaded %d "
-                    "tokens [%s]%s, stored %d tokens [%s], %.4f s in transfers%s",
-                    req_id,
-                    rec.hit_tokens,
-                    rec.vllm_tokens,
-                    rec.loaded_tokens,
-                    self._per_group(rec.loaded_tokens),
-                    " (load error: recomputed)" if rec.load_error else "",
-                    rec.stored_tokens,
-                    self._per_group(rec.stored_tokens),
-                    rec.seconds,
-                    _state_summary(rec, self.state),
-                )
+                self._log_record(req_id, rec)
+
+    def _log_record(self, req_id: str, rec: RequestRecord, note: str = "") -> None:
+        logger.info(
+            "lmcache-ascend: request %s: hit %d tokens (vLLM had %d), loaded %d "
+            "tokens [%s]%s, stored %d tokens [%s], %.4f s in transfers%s%s",
+            req_id,
+            rec.hit_tokens,
+            rec.vllm_tokens,
+            rec.loaded_tokens,
+            self._per_group(rec.loaded_tokens),
+            " (load error: recomputed)" if rec.load_error else "",
+            rec.stored_tokens,
+            self._per_group(rec.stored_tokens),
+            rec.seconds,
+            _state_summary(rec, self.state),
+            note,
+        )
 
 
 def _state_summary(rec: RequestRecord, state: Any) -> str:
