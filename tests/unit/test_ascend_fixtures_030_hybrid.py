@@ -12,8 +12,9 @@ provenance there) are served exactly.
   read and written at the page offsets the source gives (conv at 0, SSM
   right after, padding never), everything else in the backing unchanged.
 
-The groups are 3 Mamba groups then 1 full-attention group of one block
-size, the structure test_scheduler_state.py runs the scheduler half with.
+The groups are in the real runner's order: the full-attention group first,
+then 3 Mamba groups, all of one block size (the fixture's provenance says
+why); a permuted order stores the same bytes (test_group_order_...).
 """
 
 from __future__ import annotations
@@ -108,13 +109,19 @@ def test_views_are_the_sources_interleaved_kv_and_packed_state(name):
 def test_groups_hints_and_plan(name):
     layout = LAYOUTS[name]
     kinds = [g.kind for g in layout.groups]
-    assert kinds == [GroupKind.STATE] * 3 + [GroupKind.FULL]
+    assert kinds == [GroupKind.FULL] + [GroupKind.STATE] * 3
+    # vLLM's grouping of the runner's dict: attention bucket first, Mamba
+    # layers dealt out as layers[i::3] (kv_cache_utils.py l.1573-1574).
+    assert [g.layer_names for g in layout.groups] == [
+        (H.attn_name(3), H.attn_name(7)), (H.gdn_name(0), H.gdn_name(4)),
+        (H.gdn_name(1), H.gdn_name(5)), (H.gdn_name(2), H.gdn_name(6)),
+    ]
     assert {g.block_size for g in layout.groups} == {256}
     # LBHNC is the only one whose K/V are per-head (the env's name, read by
     # attention_v1.py get_kv_cache_shape and vllm_layout.token_row_layout).
     assert layout.hints.kv_layout == ("HND" if name.endswith("LBHNC") else "NHD" if name.endswith("LBNHC") else None)
     plan = _plan(layout, layout.build(True))
-    assert plan.stored_groups == frozenset({3}) and plan.unrestorable_groups == frozenset({0, 1, 2})
+    assert plan.stored_groups == frozenset({0}) and plan.unrestorable_groups == frozenset({1, 2, 3})
     planes = [p for kg in plan.kernel_groups for entry in kg.planes for p in entry]
     assert {p.layer_name for p in planes} == {H.attn_name(3), H.attn_name(7)}
     # 256-token blocks of two 128-row kernel blocks, K/V 2 x 8 KiB apart.
@@ -231,7 +238,7 @@ def test_state_snapshot_reads_and_writes_the_page_offsets_only(layout_name):
     regions = _state_regions(cfg, specs, built)
     page = next(iter(s.page_size_bytes for s in specs.values()))
     xfer = StateTransfer(snap, built.kv_caches)
-    src = {0: 3, 1: 4, 2: 5}
+    src = {1: 3, 2: 4, 3: 5}  # Mamba groups 1-3 (group 0 is attention)
 
     def block_state(name: str, b: int) -> bytes:
         return bytes(regions[name][b * page : b * page + state_bytes].numpy())
@@ -243,7 +250,7 @@ def test_state_snapshot_reads_and_writes_the_page_offsets_only(layout_name):
     want = {seg.layer: block_state(seg.layer, src[seg.group]) for seg in snap.segments()}
     assert got == b"".join(want[seg.layer] for seg in snap.segments())
     before = [b.clone() for b in built.backing]
-    hit, running = {0: 7, 1: 8, 2: 9}, {0: 10, 1: 11, 2: 12}
+    hit, running = {1: 7, 2: 8, 3: 9}, {1: 10, 2: 11, 3: 12}
     for k, buf in enumerate(bufs):
         xfer.scatter(buf, k, (hit, running))
     expect = [b.clone() for b in before]
@@ -254,3 +261,61 @@ def test_state_snapshot_reads_and_writes_the_page_offsets_only(layout_name):
             regions_e[seg.layer][b * page : b * page + state_bytes] = torch.frombuffer(bytearray(want[seg.layer]), dtype=torch.uint8)
     assert all(torch.equal(a, b) for a, b in zip(built.backing, expect))
     assert not all(torch.equal(a, b) for a, b in zip(built.backing, before))
+
+
+# ---- group order: nothing depends on it ------------------------------------
+
+
+@pytest.mark.parametrize("order", [(1, 2, 3, 0), (2, 0, 3, 1)], ids=["mamba-first", "shuffled"])
+def test_group_order_changes_nothing_but_the_indices(order, ops, allocator):
+    """The real order puts the attention group first (the fixture's
+    provenance); with the groups permuted (group i = real group order[i],
+    its block table with it) every chunk holds the same bytes, the plan the
+    same planes, and the state snapshot the same bytes, group ids mapped."""
+    real, perm = H.qwen3_next("LBNHC"), H.qwen3_next("LBNHC", group_order=order)
+    assert [g.layer_names for g in perm.groups] == [real.groups[i].layer_names for i in order]
+    built_r, built_p = real.build(True), perm.build(True)
+    assert all(torch.equal(a, b) for a, b in zip(built_r.backing, built_p.backing))
+    plan_r, plan_p = _plan(real, built_r), _plan(perm, built_p)
+    new = {old: i for i, old in enumerate(order)}
+    assert plan_p.stored_groups == {new[g] for g in plan_r.stored_groups}
+    assert plan_p.unrestorable_groups == {new[g] for g in plan_r.unrestorable_groups}
+    assert plan_r.chunk_bytes == plan_p.chunk_bytes
+
+    def planes(plan):
+        return [(p.layer_name, p.plane_index, p.row_bytes, p.block_rows, p.block_stride_bytes)
+                for kg in plan.kernel_groups for entry in kg.planes for p in entry]
+
+    assert planes(plan_r) == planes(plan_p)
+    tables_r = L.block_tables(real)
+    tables_p = tuple(tables_r[i] for i in order)
+    objs = []
+    try:
+        for start in range(0, real.num_tokens, real.chunk_size):
+            got = []
+            for layout, plan, tables in ((real, plan_r, tables_r), (perm, plan_p, tables_p)):
+                obj = _obj(allocator, plan.chunk_bytes)
+                objs.append(obj)
+                assert ChunkTransfer(plan, ops).store(obj.tensor, ChunkRequest(start, start + layout.chunk_size, tables)).stored
+                got.append(obj.tensor[: plan.chunk_bytes].numpy().copy())
+            want = oracle.expected_chunk(built_r, real, plan_r, tables_r, start, start + real.chunk_size)
+            assert np.array_equal(got[0], want) and np.array_equal(got[1], want), f"chunk at {start}"
+    finally:
+        for obj in objs:
+            obj.ref_count_down()
+    # State: the same snapshot bytes from the same blocks, group ids mapped.
+    snaps = []
+    for layout, grp in ((real, None), (perm, order)):
+        cfg, specs = H.qwen3_next_config("LBNHC", group_order=grp)
+        facts = _facts(cfg)
+        snap = snapshot_layout(facts, layout.groups, layout.chunk_size)
+        xfer = StateTransfer(snap, H.build(cfg, specs).kv_caches)
+        src = {(new[g] if grp else g): b for g, b in {1: 3, 2: 4, 3: 5}.items()}
+        bufs = [torch.zeros(snap.piece_bytes, dtype=torch.uint8) for _ in range(snap.pieces)]
+        for k, buf in enumerate(bufs):
+            xfer.gather(buf, k, src)
+        whole = b"".join(bytes(b[: hi - lo].numpy()) for b, (lo, hi) in zip(bufs, map(snap.piece_range, range(snap.pieces))))
+        # The snapshot lists Mamba groups in group order (state_align.py
+        # SnapshotLayout): compared per layer, i.e. up to that permutation.
+        snaps.append({s.layer: whole[s.offset : s.offset + s.nbytes] for s in snap.segments()})
+    assert snaps[0] == snaps[1] and len(snaps[0]) == 6

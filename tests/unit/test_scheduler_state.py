@@ -2,7 +2,8 @@
 drives it in align mode.
 
 `AlignEngine` plays vLLM 0.32's scheduler for a Qwen3-Next-like layout
-(three Mamba groups, one attention group, block size B): real `Request`,
+(three Mamba groups, one attention group, block size B; in both group
+orders engines produce, see ORDERS): real `Request`,
 `SchedulerOutput`, `NewRequestData` and `CachedRequestData` objects; Mamba
 block tables as vLLM's MambaManager grows them (null blocks below the
 running block, plus the "hit" block at N/B - 1 after an external hit of N
@@ -15,6 +16,7 @@ LMCache's prefix-counting lookup and per-lookup-id pins.
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -33,11 +35,27 @@ B = 384
 MARKS = tuple([-21] + [-2] * (3 * B - 1))  # three snapshot pieces
 STATE_GROUPS = (0, 1, 2)
 ATTN = 3
+# Group orders the engines produce: vLLM(-CPU)'s runner adds specs in layer
+# order (GDN layer 0 first: Mamba groups first); vLLM-Ascend 0.30.0rc2's
+# get_kv_cache_spec adds attention specs before Mamba ones (attention group
+# first; tests/fixtures/ascend_layouts_030_hybrid.py, runner_specs). Every
+# test runs with both, the module globals set per order.
+ORDERS = {"mamba-first": ((0, 1, 2), 3), "attention-first": ((1, 2, 3), 0)}
+
+
+@pytest.fixture(autouse=True, params=list(ORDERS))
+def group_order(request, monkeypatch):
+    state, attn = ORDERS[request.param]
+    monkeypatch.setattr(sys.modules[__name__], "STATE_GROUPS", state)
+    monkeypatch.setattr(sys.modules[__name__], "ATTN", attn)
+    return request.param
 
 
 def groups() -> tuple[SchedulerGroup, ...]:
-    return tuple(SchedulerGroup(i, GroupKind.STATE, "MambaSpec", B) for i in STATE_GROUPS) + (
-        SchedulerGroup(ATTN, GroupKind.FULL, "FullAttentionSpec", B),
+    return tuple(
+        SchedulerGroup(i, GroupKind.FULL, "FullAttentionSpec", B) if i == ATTN
+        else SchedulerGroup(i, GroupKind.STATE, "MambaSpec", B)
+        for i in sorted((*STATE_GROUPS, ATTN))
     )
 
 
@@ -321,7 +339,7 @@ def test_every_probe_is_bounded():
 
 def test_refusal_is_logged_once_with_its_reason(caplog):
     line = "lmcache-ascend: external cache hits are refused for this model: because X; set Y"
-    blockers = groups()[:3]
+    blockers = tuple(g for g in groups() if g.index in STATE_GROUPS)
     calls = []
     with caplog.at_level(logging.WARNING):
         half = SchedulerHalf(groups(), B, lambda t, i: calls.append(i) or 0, hit_blockers=blockers, refusal=line)
