@@ -7,6 +7,7 @@ the planning code never depend on vLLM's classes directly.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from dataclasses import dataclass
@@ -325,7 +326,8 @@ def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
                 # One group whose layers differ in compression (vLLM's own
                 # DSv4 groups mix compress-4 and compress-128 layers).
                 ratios.update(layer_ratios)
-    return LayoutFacts(kv_layout=token_row_layout(layout), layer_compress_ratio=ratios)
+    kv_layout = token_row_layout(layout) if (ascend := _ascend_token_row_layout()) is _NOT_ASCEND else ascend
+    return LayoutFacts(kv_layout=kv_layout, layer_compress_ratio=ratios)
 
 
 # vLLM >= 0.29 names its layouts by the physical order of the logical axes
@@ -342,6 +344,30 @@ _LAYOUT_NAMES = {"NHD": "NHD", "HND": "HND", "LBNHC": "NHD", "LBHNC": "HND"}
 def token_row_layout(name: Optional[str]) -> Optional[str]:
     """"NHD" / "HND" for vLLM's layout name (old or new style), else None."""
     return _LAYOUT_NAMES.get(str(name).upper()) if name else None
+
+
+# vLLM-Ascend's own backend shapes GQA K/V (attention/attention_v1.py,
+# get_kv_cache_shape): NHD in 0.26.0rc1/0.27.1rc1; in 0.28.0rc1/0.30.0rc2 HND
+# only if the VLLM_KV_CACHE_LAYOUT variable is "LBHNC"/"HND": an LBHNC vLLM took
+# from a connector's preference names NHD tensors. Hence: ask the backend.
+_ASCEND_ATTENTION = ("vllm_ascend", "vllm_ascend.attention.attention_v1", "AscendAttentionBackend")
+_NOT_ASCEND = object()
+
+
+def _ascend_token_row_layout() -> Any:
+    """"NHD"/"HND" as vLLM-Ascend's backend shapes K/V here, or _NOT_ASCEND."""
+    package, name, cls = _ASCEND_ATTENTION
+    if (module := sys.modules.get(name)) is None:
+        if package not in sys.modules:
+            return _NOT_ASCEND
+        module = importlib.import_module(name)
+    n, t, h, d = 5, 7, 3, 11  # distinct sizes: the answer's axis order is unambiguous
+    shape = tuple(getattr(module, cls).get_kv_cache_shape(n, t, h, d))
+    found = {(2, n, t, h, d): "NHD", (2, n, h, t, d): "HND"}.get(shape)
+    if found is None:
+        raise ValueError(f"{name}.{cls}.get_kv_cache_shape({n}, {t}, {h}, {d}) gives {shape}: neither NHD "
+                         "nor HND K/V, so their rows cannot be addressed")
+    return found
 
 
 def _kv_cache_layout(kv_cache_config: KVCacheConfig) -> Optional[str]:
@@ -453,12 +479,8 @@ def engine_identity(vllm_config: Any) -> tuple[str, str, int, int]:
     _refuse_kvpp(vllm_config)
     ktc = vllm_config.kv_transfer_config
     pc = vllm_config.parallel_config
-    return (
-        str(vllm_config.model_config.model),
-        str(getattr(ktc, "engine_id", None) or "lmcache-ascend"),
-        int(pc.rank),
-        int(pc.world_size),
-    )
+    engine_id = str(getattr(ktc, "engine_id", None) or "lmcache-ascend")
+    return (str(vllm_config.model_config.model), engine_id, int(pc.rank), int(pc.world_size))
 
 
 def ensure_recompute_on_load_failure(vllm_config: Any) -> None:
@@ -573,9 +595,6 @@ def keep_admission_blocks_free(vllm_config: Any, kv_cache_config: KVCacheConfig,
     logger.info(
         "lmcache-ascend: scheduler watermark %.6f -> %.6f (%d of %d KV blocks kept free at "
         "admission: a Mamba state hit takes one block per state group that vLLM does not count)",
-        current,
-        needed,
-        blocks,
-        total,
+        current, needed, blocks, total,
     )
 
