@@ -48,8 +48,8 @@ PACKAGE, MODULE, BACKEND = "vllm_ascend", "vllm_ascend.attention.attention_v1", 
 
 
 def _backend_030(num_blocks, block_size, num_kv_heads, head_size, cache_dtype_str=""):
-    """Transcribed from 0.30.0rc2 attention_v1.py l.108-118 (0.28.0rc1 has
-    the same body at l.110-119): the environment variable decides."""
+    """Transcribed from 0.30.0rc2 attention_v1.py l.108-118 (0.28.0rc1
+    l.109-119 and 0.29.0rc1 the same test at l.109): the variable decides."""
     import vllm.envs as envs_vllm
 
     if envs_vllm.VLLM_KV_CACHE_LAYOUT in ("LBHNC", "HND"):

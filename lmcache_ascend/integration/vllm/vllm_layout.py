@@ -347,7 +347,7 @@ def token_row_layout(name: Optional[str]) -> Optional[str]:
 
 
 # vLLM-Ascend's own backend shapes GQA K/V (attention/attention_v1.py,
-# get_kv_cache_shape): NHD in 0.26.0rc1/0.27.1rc1; in 0.28.0rc1/0.30.0rc2 HND
+# get_kv_cache_shape): NHD in 0.26.0rc1/0.27.1rc1; 0.28.0rc1 to 0.30.0rc2: HND
 # only if the VLLM_KV_CACHE_LAYOUT variable is "LBHNC"/"HND": an LBHNC vLLM took
 # from a connector's preference names NHD tensors. Hence: ask the backend.
 _ASCEND_ATTENTION = ("vllm_ascend", "vllm_ascend.attention.attention_v1", "AscendAttentionBackend")
