@@ -7,7 +7,8 @@ refused at startup naming the layer, or kept out of the store and of hits
 
 Facts transcribed for the checks (sdist vllm_ascend 0.30.0rc2):
 * models/layer/attention/layer.py get_dsv4_block_sizes l.35-54: the pad
-  tables (same numbers as 0.23.0's, A5 = _DSV4_COMPRESSED_BLOCK_SIZES);
+  tables (same numbers as 0.23.0's, A5 = _DSV4_COMPRESSED_BLOCK_SIZES;
+  A5 with bf16 KV = _DSV4_BLOCK_SIZES_A5_BF16, l.45-49);
 * DSAAttention.get_kv_cache_spec l.207: block_size = 128 x ratio at
   --block-size 128 (512 for C4, 16384 for C128);
 * turboquant/__init__.py l.4-7: "turboquant_4bit_nc", SLOT_BYTES 258;
@@ -57,6 +58,28 @@ def test_token_counted_specs_pages_and_one_backing(release, a5, bs):
     for g in groups:  # one group's layers never share bytes
         spans = sorted((starts[n], starts[n] + 10 * specs[n].page_size_bytes) for n in g.layer_names)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] <= size
+
+
+@needs_029
+@pytest.mark.parametrize("bs", [128, 64])
+def test_a5_bf16_kv_specs(bs):
+    """0.30.0rc2 A5 with --kv-cache-dtype bfloat16, against numbers read in
+    the sdist: layer.py l.45-49 pads (16896, 131072) at 128 and (8448, 65536)
+    at 64, A5 block sizes unchanged; attn (layer.py l.200) and SWA
+    (deepseek_v4/model.py l.130) heads 512 wide in bf16, no fp8 extra 128."""
+    mod = A3.specs_module("0.30.0rc2", a5=True)
+    specs = AL3.dsv4_specs(mod, bs, bf16_kv=True)
+    pads = {128: (16896, 131072), 64: (8448, 65536)}[bs]
+    rows = bs
+    for name, s in specs.items():
+        if name.endswith((".attn", ".swa_cache")):
+            assert (s.head_size, s.dtype, s.cache_dtype_str) == (512, torch.bfloat16, "bfloat16"), name
+            assert s.page_size_bytes == rows * 512 * 2
+        if name.endswith(".compressor.state_cache"):
+            assert s.page_size_bytes in pads and s.page_size_padded in pads
+    fp8 = AL3.dsv4_specs(mod, bs)
+    assert {n: s.block_size for n, s in specs.items()} == {n: s.block_size for n, s in fp8.items()}
+    assert {s.page_size_bytes for s in specs.values()} == set(pads)
 
 
 @pytest.mark.parametrize("release", RELEASES)
