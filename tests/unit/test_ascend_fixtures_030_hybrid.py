@@ -79,6 +79,17 @@ def _plan(layout, built, bundle=True):
 # ---- the fixture against facts transcribed from the source ----------------
 
 
+def _kernel_stride_bytes(name: str, hidden: int) -> int:
+    """Bytes from one kernel block to the next: [K | V] (v1 runner), or the
+    padded page split into its kernel blocks (v2 runner, attn_utils.py
+    l.704-705), from the pad and block size in the layout's name."""
+    if "-v2-runner-" not in name:
+        return 2 * hidden
+    pad, bs = int(name.split("-pad")[1].split("-")[0]), int(name.rsplit("-bs", 1)[1])
+    split = bs // H.KERNEL_BLOCK
+    return (2 * hidden * split + pad) // split
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_views_are_the_sources_interleaved_kv_and_packed_state(name):
     layout = LAYOUTS[name]
@@ -92,7 +103,7 @@ def test_views_are_the_sources_interleaved_kv_and_packed_state(name):
         logical = mine.permute(0, 2, 1, 3) if "LBHNC" in name else mine
         assert logical.data_ptr() == e.view.data_ptr() and logical.stride() == e.view.stride()
         assert torch.equal(logical.view(torch.int16), e.view.view(torch.int16))  # bits: random bf16 has NaNs
-        assert v.data_ptr() - k.data_ptr() == hidden and k.stride(0) * 2 == 2 * hidden
+        assert v.data_ptr() - k.data_ptr() == hidden and k.stride(0) * 2 == _kernel_stride_bytes(name, hidden)
     if name.startswith("qwen3-next"):
         page = 2 * hidden * (H.hybrid_block_size() // H.KERNEL_BLOCK)
         conv, ssm = built.kv_caches[H.gdn_name(0)]
