@@ -60,14 +60,15 @@ def test_token_counted_specs_pages_and_one_backing(release, a5, bs):
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])) and spans[-1][1] <= size
 
 
-@needs_029
+@pytest.mark.parametrize("release", RELEASES)
 @pytest.mark.parametrize("bs", [128, 64])
-def test_a5_bf16_kv_specs(bs):
-    """0.30.0rc2 A5 with --kv-cache-dtype bfloat16, against numbers read in
-    the sdist: layer.py l.45-49 pads (16896, 131072) at 128 and (8448, 65536)
-    at 64, A5 block sizes unchanged; attn (layer.py l.200) and SWA
-    (deepseek_v4/model.py l.130) heads 512 wide in bf16, no fp8 extra 128."""
-    mod = A3.specs_module("0.30.0rc2", a5=True)
+def test_a5_bf16_kv_specs(release, bs):
+    """A5 with --kv-cache-dtype bfloat16, against numbers read in the sdists
+    (the same in 0.27.1rc1-0.30.0rc2): layer.py l.45-49 pads (16896, 131072)
+    at 128 and (8448, 65536) at 64, A5 block sizes unchanged; attn (0.30.0rc2
+    layer.py l.200) and SWA (model.py l.130) heads 512 wide in bf16, no fp8
+    extra 128."""
+    mod = A3.specs_module(release, a5=True)
     specs = AL3.dsv4_specs(mod, bs, bf16_kv=True)
     pads = {128: (16896, 131072), 64: (8448, 65536)}[bs]
     rows = bs
