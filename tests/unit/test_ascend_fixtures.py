@@ -55,7 +55,10 @@ def test_dsv4_entries_are_lists_of_padded_page_views(name):
         assert len(entry) == (1 if not layer.endswith(".indexer.k_cache") else (3 if "-a5" in name else 2))
     # compressor state: fp32 rows of 2*coff*head_dim, table[2] / table[3] rows per block
     bs = 64 if name.endswith("-bs64") else 128
-    (_, _, c4s, c128s), pads = (A.DSV4_BLOCK_SIZES_A5 if "-a5" in name else A.DSV4_BLOCK_SIZES)[bs]
+    table = A.DSV4_BLOCK_SIZES_A5 if "-a5" in name else A.DSV4_BLOCK_SIZES
+    if "-bf16kv" in name:  # A5 with a bf16 KV cache: the states' second pad is 131072
+        from fixtures.ascend_specs_030 import DSV4_BLOCK_SIZES_A5_BF16 as table
+    (_, _, c4s, c128s), pads = table[bs]
     for layer, entry in built.kv_caches.items():
         if layer.endswith("self_attn.compressor.state_cache"):
             (t,) = entry
