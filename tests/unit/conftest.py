@@ -20,3 +20,12 @@ def _ops_modules():
 @pytest.fixture(params=_ops_modules())
 def ops(request):
     return request.param
+
+
+@pytest.fixture(scope="module")
+def allocator():
+    """LMCache's own allocator for chunk buffers (fixtures/lmcache_objs.py)."""
+    import torch
+    from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
+
+    return TensorMemoryAllocator(torch.empty(96 << 20, dtype=torch.uint8))

@@ -50,25 +50,11 @@ from lmcache_ascend.planning.planner import build_plan
 from lmcache_ascend.planning.state_align import decide, snapshot_layout
 from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
 from lmcache_ascend.transfer.state_transfer import StateTransfer
+from fixtures.lmcache_objs import memory_obj as _obj
+from fixtures.lmcache_objs import store_chunks as _store
 
 LAYOUTS = {lay.name: lay for lay in H.all_layouts()}
 HYBRID = [n for n in LAYOUTS if n.startswith("qwen3-next")]
-
-
-@pytest.fixture(scope="module")
-def allocator():
-    from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
-
-    return TensorMemoryAllocator(torch.empty(32 << 20, dtype=torch.uint8))
-
-
-def _obj(allocator, nbytes: int):
-    from lmcache.v1.memory_management import MemoryFormat
-
-    obj = allocator.allocate(torch.Size([nbytes]), torch.uint8, MemoryFormat.BINARY)
-    assert obj is not None
-    obj.tensor.fill_(0xAB)
-    return obj
 
 
 def _plan(layout, built, bundle=True):
@@ -145,18 +131,6 @@ def test_groups_hints_and_plan(name):
 
 
 # ---- KV: store / load round trip and exact resumes ------------------------
-
-
-def _store(layout, ops, allocator, plan, orig, tables):
-    xfer, objs = ChunkTransfer(plan, ops), []
-    for start in range(0, layout.num_tokens, layout.chunk_size):
-        req = ChunkRequest(start, start + layout.chunk_size, tables)
-        obj = _obj(allocator, plan.chunk_bytes)
-        objs.append((req, obj))
-        assert xfer.store(obj.tensor, req).stored
-        want = oracle.expected_chunk(orig, layout, plan, tables, req.start, req.end)
-        assert np.array_equal(obj.tensor[: plan.chunk_bytes].numpy(), want), f"chunk [{req.start}, {req.end})"
-    return objs
 
 
 @pytest.mark.parametrize("bundle", [True, False], ids=["bundled", "exploded"])

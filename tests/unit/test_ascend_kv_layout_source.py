@@ -42,6 +42,8 @@ from lmcache_ascend.integration.vllm import vllm_layout  # noqa: E402
 from lmcache_ascend.planning.groups import ChunkRequest  # noqa: E402
 from lmcache_ascend.planning.planner import build_plan  # noqa: E402
 from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer  # noqa: E402
+from fixtures.lmcache_objs import memory_obj as _obj  # noqa: E402
+from fixtures.lmcache_objs import store_chunks  # noqa: E402
 
 ENV = "VLLM_KV_CACHE_LAYOUT"
 PACKAGE, MODULE, BACKEND = "vllm_ascend", "vllm_ascend.attention.attention_v1", "AscendAttentionBackend"
@@ -71,22 +73,6 @@ def _install(monkeypatch, shape_fn) -> None:
     monkeypatch.setitem(sys.modules, MODULE, module)
 
 
-@pytest.fixture(scope="module")
-def allocator():
-    from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
-
-    return TensorMemoryAllocator(torch.empty(32 << 20, dtype=torch.uint8))
-
-
-def _obj(allocator, nbytes: int):
-    from lmcache.v1.memory_management import MemoryFormat
-
-    obj = allocator.allocate(torch.Size([nbytes]), torch.uint8, MemoryFormat.BINARY)
-    assert obj is not None
-    obj.tensor.fill_(0xAB)
-    return obj
-
-
 def _roundtrip(layout, ops, allocator) -> None:
     """Store every chunk, load all of them into fresh caches: chunk bytes,
     whole allocations and every row a resumed forward reads match the oracle."""
@@ -94,15 +80,9 @@ def _roundtrip(layout, ops, allocator) -> None:
     plan = build_plan(orig.kv_caches, layout.groups, layout.chunk_size, layout.config, layout.hints)
     assert plan.stored_groups == layout.stored_groups
     tables = L.block_tables(layout)
-    xfer, objs = ChunkTransfer(plan, ops), []
+    objs = []
     try:
-        for start in range(0, layout.num_tokens, layout.chunk_size):
-            req = ChunkRequest(start, start + layout.chunk_size, tables)
-            obj = _obj(allocator, plan.chunk_bytes)
-            objs.append((req, obj))
-            assert xfer.store(obj.tensor, req).stored
-            want = oracle.expected_chunk(orig, layout, plan, tables, req.start, req.end)
-            assert np.array_equal(obj.tensor[: plan.chunk_bytes].numpy(), want), f"chunk [{req.start}, {req.end})"
+        objs = store_chunks(layout, ops, allocator, plan, orig, tables)
         fresh, expect = layout.build(False), layout.build(False)
         load = ChunkTransfer(build_plan(fresh.kv_caches, layout.groups, layout.chunk_size, layout.config,
                                         layout.hints), ops)

@@ -24,24 +24,9 @@ from lmcache_ascend.planning.groups import ChunkRequest
 from lmcache_ascend.planning.planner import build_plan
 from fixtures import layouts as L
 from fixtures import oracle
+from fixtures.lmcache_objs import memory_obj as _memory_obj
 
 LAYOUTS = {lay.name: lay for lay in L.all_layouts()}
-
-
-@pytest.fixture(scope="module")
-def allocator():
-    from lmcache.v1.memory_allocators.tensor_memory_allocator import TensorMemoryAllocator
-
-    return TensorMemoryAllocator(torch.empty(96 << 20, dtype=torch.uint8))
-
-
-def _memory_obj(allocator, nbytes: int):
-    from lmcache.v1.memory_management import MemoryFormat
-
-    obj = allocator.allocate(torch.Size([nbytes]), torch.uint8, MemoryFormat.BINARY)
-    assert obj is not None
-    obj.tensor.fill_(0xAB)  # stale bytes a store must overwrite
-    return obj
 
 
 def _plan(layout: L.Layout, built: L.Built, bundle: bool):
