@@ -4,7 +4,10 @@
 # Stacks (requirements/stacks/*.txt): the primary one runs the whole suite;
 # the compatibility stacks (the vLLM versions vLLM-Ascend releases run on)
 # run the unit suite and the engine tests marked `compat` (the kernel suite
-# once per torch, see COMPAT_TESTS).
+# once per torch, see COMPAT_TESTS). A `compat("fact", ...)` test runs on a
+# compatibility stack only where one of those facts has a value no stack
+# before it in COMPAT_STACKS (primary first) had: tests/support/stack_facts.py
+# holds the table, checked against each stack by tests/unit/test_stack_facts.py.
 # Each stack is installed once per machine outside the clone (scripts/stacks.py);
 # the clone gets light overlay venvs: .venv for the primary stack,
 # build/stacks/<stack>/venv (with a copy of the tree in build/stacks/<stack>/src,

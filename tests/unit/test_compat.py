@@ -102,6 +102,7 @@ def test_installed_stack_is_supported():
     assert compat.installed_lmcache_version() in compat.LMCACHE_VERSIONS
 
 
+@pytest.mark.compat("lmcache")  # LMCache's modules, in fresh processes
 def test_unverified_lmcache_release_is_left_unpatched_unless_opted_in():
     """On an LMCache release the patches were not verified on, importing
     LMCache's patched modules changes nothing and one warning says so,
