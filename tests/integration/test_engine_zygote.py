@@ -8,6 +8,8 @@ behaves like a fresh process where the tests depend on it.
   still caught.
 * Two runs of one test with the same environment come from different
   zygotes (different hash secrets); a later run reuses a zygote.
+* Environments that differ only in variables the zygote's imports did not
+  read share it; the child has exactly its own environment.
 * A zygote evicted (too many alive) while its child runs lets the child
   finish and still reports the child's own exit status.
 * A forked llama engine computes exactly what a fresh engine process does
@@ -94,13 +96,36 @@ def test_runs_of_one_test_alternate_zygotes_and_later_runs_reuse_them(zygotes, t
 
 
 @pytest.mark.compat("python")
+def test_a_zygote_serves_environments_that_differ_only_where_its_imports_did_not_read(
+        zygotes, tmp_path, monkeypatch):
+    """Variables no import read (a test's paths, ports, cache settings)
+    share a zygote, and the child sees exactly its own environment (a
+    variable removed is gone); a variable the imports read (vLLM's log
+    level, read when vLLM configures its logger) gets a zygote of its own."""
+    monkeypatch.setenv("LMCA_PROBE_GONE", "1")
+    first, out1, _ = _probe(zygotes, tmp_path, "e1", owner="a")
+    monkeypatch.delenv("LMCA_PROBE_GONE")
+    monkeypatch.setenv("LMCA_PROBE_PORT", "6390")
+    second, out2, _ = _probe(zygotes, tmp_path, "e2", owner="b")
+    assert first.wait(timeout=120) == 0 and second.wait(timeout=120) == 0
+    one, two = json.loads(out1.read_text()), json.loads(out2.read_text())
+    assert one["hash"] == two["hash"], "an unread variable started another zygote"
+    assert one["env"] == {"LMCA_PROBE_GONE": "1"} and two["env"] == {"LMCA_PROBE_PORT": "6390"}
+    assert zygotes.started == 1
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG" if os.environ.get("VLLM_LOGGING_LEVEL") != "DEBUG" else "INFO")
+    third, out3, _ = _probe(zygotes, tmp_path, "e3", owner="c")
+    assert third.wait(timeout=120) == 0
+    assert json.loads(out3.read_text())["hash"] != one["hash"] and zygotes.started == 2
+
+
+@pytest.mark.compat("python")
 def test_an_evicted_zygote_keeps_its_running_childs_exit_status(zygotes, tmp_path, monkeypatch):
     monkeypatch.setattr(engine_zygote, "MAX_ALIVE", 1)
     release = tmp_path / "release"
     proc, out, _ = _probe(zygotes, tmp_path, "long", mode=f"until={release}")
     # Another environment needs a zygote of its own: the first one is evicted
     # while its child still runs.
-    monkeypatch.setenv("LMCA_PROBE_OTHER_ENV", "1")
+    monkeypatch.setenv(engine_zygote.ZYGOTE_KEY_ENV, "other")
     other, _, _ = _probe(zygotes, tmp_path, "other")
     assert other.wait(timeout=120) == 0
     assert proc.poll() is None, "the evicted zygote's child did not keep running"

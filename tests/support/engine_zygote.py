@@ -15,9 +15,18 @@ hangs at exit hangs here too, and is killed and reported the same way.
 What a fork shares that fresh processes would not, and how it is kept
 apart:
 
-* The environment: a zygote serves one environment only (every variable,
-  the scenario's own included), so every module that reads a variable at
-  import reads what a fresh process would have read.
+* The environment: while a zygote imports, it records every variable
+  Python code reads (``os.environ``/``os.getenv``, absent ones included).
+  It then serves only environments that agree with its own on those
+  variables and on every variable native libraries read when they load
+  (``ALWAYS_COMPARED``: OpenMP, OpenBLAS, MKL, the loader, torch, Python),
+  so every module imported before the fork holds what a fresh process
+  would have read. The child then takes the engine's environment exactly
+  (variables set, changed and removed) before it runs the module. Imports
+  that iterate over the whole environment make the zygote serve its own
+  environment only. Before, a zygote served one whole environment: each
+  test's own paths, ports and cache settings started a zygote of their own
+  (48 zygotes for 72 engines in one run of the suite).
 * Python's hash secret (``PYTHONHASHSEED`` is unset for test engines): two
   engines of one test with the same environment come from two different
   zygotes, so chunk keys are still checked to agree across processes
@@ -59,6 +68,14 @@ ENABLE_ENV = "LMCA_TEST_ZYGOTE"
 # imported, and fails on some: llvmlite's, seen when the zygote imported
 # every module an earlier engine had).
 EAGER = ("vllm", "vllm.entrypoints.llm")
+# Set to any value, it gives engines a zygote of their own (compared always).
+ZYGOTE_KEY_ENV = "LMCA_ZYGOTE_KEY"
+# Variables always compared: those native code may read (getenv in C) when
+# the imports load it, and those support/sitecustomize.py reads at
+# interpreter start-up, before the recording begins.
+ALWAYS_COMPARED = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_", "MALLOC_", "TORCH", "PYTORCH",
+                   "CUDA", "NVIDIA", "DNNL_", "ONEDNN_", "ATEN_", "PYTHON", "TCMALLOC", "JE_", "HOME", "PATH",
+                   "TMPDIR", "LMCA_CPU_ISA", "NETWORKX_", "TQDM_", ZYGOTE_KEY_ENV)
 # Zygotes alive at once (each holds an interpreter with torch and vLLM,
 # about 0.5 GB, shared copy-on-write with its children).
 MAX_ALIVE = 3
@@ -91,7 +108,9 @@ def _child(req: dict) -> None:
         os.dup2(null, 0)
         os.close(null)
         os.chdir(req["cwd"])
-        os.environ.update(req.get("env") or {})
+        if req.get("env") is not None:  # the engine's environment, exactly
+            os.environ.clear()
+            os.environ.update(req["env"])
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         sys.argv = [req["module"]] + list(req["args"])
         try:
@@ -134,14 +153,19 @@ def serve(state_dir: Path) -> int:
     reply_fd = os.dup(1)
     os.dup2(2, 1)
     reply = os.fdopen(reply_fd, "w")
-    for name in EAGER:  # an error ends the zygote; the caller starts fresh processes
-        importlib.import_module(name)
+    stop_recording, reads = _record_environ_reads()
+    try:
+        for name in EAGER:  # an error ends the zygote; the caller starts fresh processes
+            importlib.import_module(name)
+    finally:
+        stop_recording()
     # The imports start OpenBLAS' thread servers (numpy's and OpenCV's, as a
     # fresh engine process has them), which OpenBLAS stops before a fork
     # (its pthread_atfork handler) and restarts on use. Nothing may start
     # another thread before a fork: an OpenMP pool would break the child's.
     allowed = _os_threads()
-    reply.write(json.dumps({"ready": True, "threads": _os_threads()}) + "\n")
+    reply.write(json.dumps({"ready": True, "threads": _os_threads(),
+                            "reads": None if reads.everything else sorted(reads.keys)}) + "\n")
     reply.flush()
     stdin = sys.stdin.fileno()
     buf = b""
@@ -175,6 +199,52 @@ def serve(state_dir: Path) -> int:
     while _reap(state_dir, block=True):
         pass
     return 0
+
+
+@dataclass
+class _Reads:
+    keys: set = field(default_factory=set)
+    everything: bool = False  # the whole environment was iterated or copied
+
+
+# Modules whose whole-environment reads at import do not depend on the
+# variables' values: the standard library copying it for a subprocess
+# (platform, to run ``file``) or for CGI (wsgiref.handlers), and libraries
+# scanning it for their own prefix (compared always: ALWAYS_COMPARED).
+_IGNORED_READERS = ("platform", "wsgiref", "networkx", "tqdm")
+
+
+def _reader() -> str:
+    """The module that reads the environment (past os and collections.abc)."""
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_globals.get("__name__") in ("os", "_collections_abc", "collections.abc"):
+        frame = frame.f_back
+    return str(frame.f_globals.get("__name__", "")) if frame is not None else ""
+
+
+def _record_environ_reads():
+    """Records the variables Python code reads from ``os.environ`` (and so
+    ``os.getenv``) until the returned function is called."""
+    cls = type(os.environ)
+    getitem, iterate = cls.__getitem__, cls.__iter__
+    reads = _Reads()
+
+    def recorded_getitem(self, key):
+        if isinstance(key, str) and _reader().split(".")[0] not in _IGNORED_READERS:
+            reads.keys.add(key)
+        return getitem(self, key)
+
+    def recorded_iter(self):
+        if _reader().split(".")[0] not in _IGNORED_READERS:
+            reads.everything = True
+        return iterate(self)
+
+    cls.__getitem__, cls.__iter__ = recorded_getitem, recorded_iter
+
+    def stop():
+        cls.__getitem__, cls.__iter__ = getitem, iterate
+
+    return stop, reads
 
 
 def _reap(state_dir: Path, block: bool = False) -> bool:
@@ -241,7 +311,17 @@ def _alive(pid: int) -> bool:
 class _Zygote:
     proc: subprocess.Popen
     state_dir: Path
+    env: dict = field(default_factory=dict)
+    # Variables its imports read (None: all of them, it serves its own
+    # environment only).
+    reads: Optional[frozenset] = None
+    seq: int = 0
     last_used: float = field(default_factory=time.monotonic)
+
+    def serves(self, env: dict[str, str]) -> bool:
+        if self.reads is None:
+            return env == self.env
+        return all(env.get(k) == self.env.get(k) for k in self.reads) and _native(env) == _native(self.env)
 
     def request(self, req: dict) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -280,10 +360,10 @@ def _read_reply(proc: subprocess.Popen, timeout_s: float) -> dict:
 # Variables pytest sets per test: a fresh engine would inherit them, and
 # nothing in an engine reads them.
 _PER_TEST = ("PYTEST_CURRENT_TEST",)
-# Variables read only after start-up (the schedule trace's directory, read
-# at every step by support/sitecustomize.py): set in the child, not part of
-# a zygote's environment.
-LATE_ENV = ("LMCA_SCHED_TRACE_DIR",)
+
+
+def _native(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(ALWAYS_COMPARED)}
 
 
 _POOL: Optional["ZygotePool"] = None
@@ -302,14 +382,16 @@ def pool() -> "ZygotePool":
 
 
 class ZygotePool:
-    """Zygotes by (interpreter, environment, slot), started on first use."""
+    """Zygotes started on first use; an engine is forked from the oldest one
+    that serves its environment and did not fork this test's previous
+    engine (two engines of a test never share a hash secret)."""
 
     def __init__(self, root: Path):
         self.root = root
-        self._zygotes: dict[tuple, _Zygote] = {}
-        self._failed: set[tuple] = set()
+        self._zygotes: dict[int, _Zygote] = {}
+        self._failed: list[dict] = []  # environments whose zygote failed
         self._retired: list[_Zygote] = []  # evicted, exiting once their children have
-        self._runs: dict[tuple, int] = {}
+        self._last: dict[str, int] = {}  # owner -> the zygote of its previous engine
         self._seq = 0
         self.forks = 0  # engines forked so far
         self.started = 0  # zygotes started so far
@@ -320,35 +402,32 @@ class ZygotePool:
         fresh one (turned off, or this environment's zygote failed: logged)."""
         if os.environ.get(ENABLE_ENV, "1") == "0":
             return None
-        late = {k: env[k] for k in LATE_ENV if k in env}
-        env = {k: v for k, v in env.items() if k not in _PER_TEST and k not in LATE_ENV}
-        env_key = (sys.executable, tuple(sorted(env.items())))
-        # The n-th run of an environment within one test (``owner``) uses
-        # slot n % 2: two engines of a test never share a hash secret.
-        n = self._runs.get((owner, env_key), 0)
-        self._runs[(owner, env_key)] = n + 1
-        key = env_key + (n % 2,)
-        if key in self._failed:
+        env = {k: v for k, v in env.items() if k not in _PER_TEST}
+        if env in self._failed:
             return None
+        z = None
         try:
-            z = self._zygote(key, env)
+            z = self._zygote(env, avoid=self._last.get(owner))
             reply = z.request({"module": module, "args": args, "cwd": str(cwd), "log": str(log),
-                               "new_session": new_session, "env": late})
+                               "new_session": new_session, "env": env})
             if "error" in reply:
                 raise RuntimeError(reply["error"])
         except (OSError, RuntimeError, ValueError) as e:
-            self._failed.add(key)
-            self._drop(key)
+            self._failed.append(env)
+            if z is not None:
+                self._drop(z.seq)
             logger.warning("engine zygote unusable (%s); this environment's engines start as fresh processes", e)
             return None
         z.last_used = time.monotonic()
+        self._last[owner] = z.seq
         self.forks += 1
         return ForkedProcess(int(reply["pid"]), z.state_dir, z.proc)
 
-    def _zygote(self, key: tuple, env: dict[str, str]) -> _Zygote:
-        z = self._zygotes.get(key)
-        if z is not None and z.proc.poll() is None:
-            return z
+    def _zygote(self, env: dict[str, str], avoid: Optional[int]) -> _Zygote:
+        for seq in sorted(self._zygotes):
+            z = self._zygotes[seq]
+            if seq != avoid and z.proc.poll() is None and z.serves(env):
+                return z
         self._retired = [r for r in self._retired if r.proc.poll() is None]  # reaps those done
         while len(self._zygotes) >= MAX_ALIVE:
             lru = self._zygotes.pop(min(self._zygotes, key=lambda k: self._zygotes[k].last_used))
@@ -356,7 +435,8 @@ class ZygotePool:
             self._retired.append(lru)
         self._seq += 1
         self.started += 1
-        state_dir = self.root / f"zygote{self._seq}"
+        seq = self._seq
+        state_dir = self.root / f"zygote{seq}"
         state_dir.mkdir(parents=True, exist_ok=True)
         log = open(state_dir / "zygote.log", "w")
         proc = subprocess.Popen(
@@ -365,23 +445,32 @@ class ZygotePool:
             env=env, cwd=str(state_dir),
         )
         log.close()
-        z = _Zygote(proc, state_dir)
-        self._zygotes[key] = z
-        ready = _read_reply(proc, READY_TIMEOUT_S)
-        if not ready.get("ready"):
-            raise RuntimeError(f"zygote did not start: {ready}")
+        z = _Zygote(proc, state_dir, env=dict(env), seq=seq)
+        self._zygotes[seq] = z
+        try:
+            ready = _read_reply(proc, READY_TIMEOUT_S)
+            if not ready.get("ready"):
+                raise RuntimeError(f"zygote did not start: {ready}")
+        except RuntimeError:
+            self._drop(seq)
+            raise
+        if ready.get("reads") is None:
+            logger.warning("engine zygote %d: the imports read the whole environment; it serves this "
+                           "environment only", seq)
+        else:
+            z.reads = frozenset(ready["reads"])
         return z
 
-    def _drop(self, key: tuple) -> None:
-        z = self._zygotes.pop(key, None)
+    def _drop(self, seq: int) -> None:
+        z = self._zygotes.pop(seq, None)
         if z is not None:
             z.stop()
 
     def close(self) -> None:
         import shutil
 
-        for key in list(self._zygotes):
-            self._drop(key)
+        for seq in list(self._zygotes):
+            self._drop(seq)
         for z in self._retired:
             z.stop()
         shutil.rmtree(self.root, ignore_errors=True)

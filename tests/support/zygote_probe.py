@@ -3,7 +3,8 @@ writes what tells two processes apart (the hash of a string, which
 PYTHONHASHSEED randomises per interpreter; the pid) and, with ``thread``,
 leaves a non-daemon thread running, which must keep the process alive as it
 would keep a fresh interpreter alive; with ``until=PATH``, runs until PATH
-exists and exits with status 5."""
+exists and exits with status 5. It also writes its ``LMCA_PROBE_*``
+variables."""
 
 import json
 import os
@@ -23,5 +24,6 @@ if __name__ == "__main__":
         mode = "5"
     with open(out, "w") as f:
         json.dump({"hash": hash("lmcache-ascend"), "pid": os.getpid(),
-                   "vllm_imported_before_main": "vllm" in sys.modules}, f)
+                   "vllm_imported_before_main": "vllm" in sys.modules,
+                   "env": {k: v for k, v in os.environ.items() if k.startswith("LMCA_PROBE_")}}, f)
     sys.exit(int(mode) if mode.isdigit() else 0)
