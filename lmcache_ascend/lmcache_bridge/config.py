@@ -171,10 +171,13 @@ def validate_engine_config(config: "LMCacheEngineConfig", environ: Mapping[str, 
             f"byte buffers, use one of {list(VALID_SERDES)}"
         )
     # Mooncake ignores keys it does not know and LMCache ignores its setup
-    # result: without this an unusable pool retries ~90 s, then no-ops.
-    from lmcache_ascend.lmcache_bridge.mooncake import check_config as check_mooncake
+    # result: without this an unusable pool retries ~90 s, then no-ops. A
+    # pool that is down is not a misconfiguration: the engine starts
+    # without it unless ascend_require_remote is set (remote_pool.py).
+    from lmcache_ascend.lmcache_bridge.remote_pool import check_at_startup
+    from lmcache_ascend.planning.settings import AscendConfig
 
-    check_mooncake(config, environ)
+    check_at_startup(config, environ, AscendConfig.from_lmcache(config).require_remote)
 
 
 def enforce_engine_requirements(

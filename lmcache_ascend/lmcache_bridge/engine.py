@@ -27,6 +27,8 @@ import torch
 
 from lmcache_ascend.lmcache_bridge import lmcache_modules
 from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext
+from lmcache_ascend.lmcache_bridge import remote_pool
+from lmcache_ascend.lmcache_bridge.remote_pool import Reconnector
 from lmcache_ascend.lmcache_bridge.resources import CLOSE_TIMEOUT_S, bounded_close, detach_remote_backends
 from lmcache_ascend.lmcache_bridge.staging import Claim, LookupStaging, StagingCounts
 from lmcache_ascend.lmcache_bridge.step_puts import Handoff, StepPuts
@@ -210,6 +212,7 @@ class WorkerEngine:
         self.instance_id = instance_id
         self.staging = staging
         self._closed = False
+        self._reconnector: Optional[Reconnector] = None
 
     @classmethod
     def start(
@@ -237,7 +240,9 @@ class WorkerEngine:
             staging = LookupStaging(engine, connector.verify).install()
             step_puts = StepPuts.install(engine)
         server = factory.create_lookup_server(engine, metadata)
-        return cls(engine, server, instance_id, staging, connector, step_puts)
+        worker = cls(engine, server, instance_id, staging, connector, step_puts)
+        worker._reconnector = Reconnector(engine).start()
+        return worker
 
     def step(self) -> contextlib.AbstractContextManager[Handoff]:
         """Around one step's stores: their remote puts are handed to
@@ -309,6 +314,10 @@ class WorkerEngine:
         wrapped = sum(mooncake.failure_counts().values()) if mooncake is not None else 0
         return wrapped + (self._step_puts.failures if self._step_puts is not None else 0)
 
+    def remote_unavailable(self) -> int:
+        """Times a remote store was found unavailable (startup, reconnects): cumulative."""
+        return remote_pool.unavailable_count()
+
     def take_counts(self) -> StagingCounts:
         return self.staging.take_counts() if self.staging is not None else StagingCounts()
 
@@ -323,6 +332,8 @@ class WorkerEngine:
         self._closed = True
         builder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
 
+        if self._reconnector is not None:
+            self._reconnector.stop()
         if self._server is not None:
             bounded_close("lookup server", self._server.close)
         if self.staging is not None:

@@ -12,13 +12,15 @@ them LMCache's own legacy ``master_server_address`` (it wants
 default master, LMCache logs "setup completed successfully", and every
 operation fails with "Client is not initialized", silently. So:
 
-* :func:`check_config` (called from ``config.validate_engine_config``)
+* :func:`check_config` (called through ``remote_pool.check_at_startup``)
   refuses, within seconds and naming the key and what is valid: keys
-  Mooncake would ignore (misspelled, legacy, or unprefixed), a missing or
-  unreachable master or metadata server, and, through a probe round trip
-  in a child process, a store with no segment to write to (segment size 0
-  and no segment holder) and a metadata-server mismatch (data put but not
-  readable back).
+  Mooncake would ignore (misspelled, legacy, or unprefixed), a missing
+  master or metadata address, and, through a probe round trip in a child
+  process, a metadata-server mismatch (data put but not readable back).
+  A pool that is down or empty (no master or metadata server accepting
+  connections, no segment to write to) raises
+  ``remote_pool.PoolUnavailableError``: the engine starts without it
+  unless ``ascend_require_remote`` is set.
 * :func:`install_failure_accounting` wraps the connector's store so every
   failed operation is counted and the first of each kind logged, and an
   ``is_exist`` error is a miss, not a hit.
@@ -41,6 +43,8 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
+
+from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
 
 if TYPE_CHECKING:
     from lmcache.v1.config import LMCacheEngineConfig
@@ -176,10 +180,10 @@ def check_reachable(setup: Mapping[str, str], source: str) -> None:
     host, port = _host_port(setup["master_server_addr"], "master_server_addr", source)
     why = _connect(host, port)
     if why:
-        raise MooncakeConfigError(
-            f"{source} 'mooncake_master_server_addr'={setup['master_server_addr']!r}: no mooncake_master "
-            f"accepts connections there ({why}); start it or fix the address (Mooncake itself would "
-            "retry for ~90 s, then fail every operation)"
+        raise PoolUnavailableError(
+            f"Mooncake store ({source})",
+            f"'mooncake_master_server_addr'={setup['master_server_addr']!r}: no mooncake_master accepts "
+            f"connections there ({why}); start it or fix the address",
         )
     meta = setup["metadata_server"]
     if meta.upper() == "P2PHANDSHAKE":
@@ -193,10 +197,11 @@ def check_reachable(setup: Mapping[str, str], source: str) -> None:
     default = {"http": 80, "https": 443, "etcd": 2379, "redis": 6379}[url.scheme]
     why = _connect(url.hostname, url.port or default)
     if why:
-        raise MooncakeConfigError(
-            f"{source} 'mooncake_metadata_server'={meta!r}: nothing accepts connections there ({why}); "
-            "start the metadata server (mooncake_master --enable_http_metadata_server) or use the "
-            "one the segment holders use"
+        raise PoolUnavailableError(
+            f"Mooncake store ({source})",
+            f"'mooncake_metadata_server'={meta!r}: nothing accepts connections there ({why}); start the "
+            "metadata server (mooncake_master --enable_http_metadata_server) or use the one the segment "
+            "holders use",
         )
 
 
@@ -222,10 +227,10 @@ def probe(setup: Mapping[str, str], source: str) -> None:
             env=dict(os.environ, MC_STORE_CLIENT_SETUP_RETRIES="1"),
         )
     except subprocess.TimeoutExpired:
-        raise MooncakeConfigError(
-            f"{source}: the Mooncake probe (setup, put, get of {PROBE_BYTES} bytes) did not finish within "
-            f"{PROBE_TIMEOUT_S:.0f} s with master {setup['master_server_addr']!r} and metadata server "
-            f"{setup['metadata_server']!r}"
+        raise PoolUnavailableError(
+            f"Mooncake store ({source})",
+            f"the probe (setup, put, get of {PROBE_BYTES} bytes) did not finish within {PROBE_TIMEOUT_S:.0f} s "
+            f"with master {setup['master_server_addr']!r} and metadata server {setup['metadata_server']!r}",
         ) from None
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -244,14 +249,15 @@ def probe(setup: Mapping[str, str], source: str) -> None:
             return  # this process will contribute the segment its own puts need
         # Mooncake answers the same when no holder is mounted and when the
         # holders registered with another metadata server: name both.
-        raise MooncakeConfigError(
-            f"{source}: 'mooncake_global_segment_size'=0 and the store at {where} has no segment this "
+        raise PoolUnavailableError(
+            f"Mooncake store ({source})",
+            f"'mooncake_global_segment_size'=0 and the store at {where} has no segment this "
             f"engine can write to (put failed, code {r['put']}; Mooncake's -200, NO_AVAILABLE_HANDLE, means "
             "no mounted segment has room): either no segment holder is running "
             "(start mooncake_client --global_segment_size=<bytes> with the same master and metadata "
             "server, or give this engine a segment: mooncake_global_segment_size > 0), or the holders "
             "registered with another metadata server than 'mooncake_metadata_server'="
-            f"{setup['metadata_server']!r} (every client of one master must use the same one)"
+            f"{setup['metadata_server']!r} (every client of one master must use the same one)",
         )
     if r["get"] != PROBE_BYTES:
         raise MooncakeConfigError(
@@ -259,6 +265,15 @@ def probe(setup: Mapping[str, str], source: str) -> None:
             f"holders use another metadata server than this engine's 'mooncake_metadata_server'="
             f"{setup['metadata_server']!r}; every client of one master must use the same one"
         )
+
+
+def master_address(config: "LMCacheEngineConfig") -> tuple[str, int] | None:
+    """The master's host and port from an engine's config (None if unreadable)."""
+    try:
+        raw, source = raw_config(config, os.environ)
+        return _host_port(setup_dict(raw)["master_server_addr"], "master_server_addr", source)
+    except (MooncakeConfigError, KeyError, TypeError):
+        return None
 
 
 def check_config(config: "LMCacheEngineConfig", environ: Mapping[str, str]) -> None:
@@ -277,9 +292,11 @@ def check_config(config: "LMCacheEngineConfig", environ: Mapping[str, str]) -> N
     raw, source = raw_config(config, environ)
     check_keys(raw, source)
     setup = setup_dict(raw)
+    # Before the checks that find the pool down: an engine that starts
+    # without the pool still counts failures and fails fast on reconnects.
+    install_failure_accounting()
     check_reachable(setup, source)
     probe(setup, source)
-    install_failure_accounting()
     logger.info(
         "lmcache-ascend: Mooncake store checked (master %s, metadata %s, segment here %s bytes)",
         setup["master_server_addr"], setup["metadata_server"], setup["global_segment_size"],
@@ -384,6 +401,16 @@ def install_failure_accounting() -> None:
     setup = mod.setup_mooncake_store
 
     def checked_setup(store: Any, config: Any) -> None:
+        # A master that accepts no connection: fail now (LMCache keeps the
+        # backend without a connector and remote_pool.Reconnector tries
+        # again), not after Mooncake's ~90 s of retries, with a client that
+        # then fails every operation.
+        addr = dict(config.setup_config).get("master_server_addr") if hasattr(config, "setup_config") else None
+        if addr:
+            host, _, port = str(addr).rpartition(":")
+            why = _connect(host.strip("[]"), int(port)) if port.isdigit() else None
+            if why:
+                raise PoolUnavailableError("Mooncake store", f"master {addr!r} accepts no connections ({why})")
         try:
             r = store.setup(config.setup_config)
         except TypeError:  # a Mooncake before the dict API: LMCache's own fallback

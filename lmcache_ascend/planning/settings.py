@@ -177,6 +177,15 @@ KEYS: tuple[KeySpec, ...] = (
         "needed where the weights are not in a local directory (default: read "
         "them). Every instance sharing a pool must set the same value for the same weights.",
     ),
+    KeySpec(
+        "ascend_require_remote",
+        bool,
+        False,
+        _to_bool("ascend_require_remote"),
+        "Stop startup when the remote store (remote_url) is unreachable or has no room. Default "
+        "false: the engine starts without it (one ERROR, counted in remote_unavailable) and uses it "
+        "once it is back. A misconfigured store stops startup either way.",
+    ),
 )
 KEY_NAMES: tuple[str, ...] = tuple(k.key for k in KEYS)
 
@@ -191,6 +200,7 @@ class AscendConfig:
     skip_state_spec_allowlist: tuple[str, ...] = DEFAULT_SKIP_STATE_SPECS
     skip_state_layer_suffixes: tuple[str, ...] = DEFAULT_SKIP_STATE_LAYER_SUFFIXES
     model_identity: str = ""
+    require_remote: bool = False
 
     def __post_init__(self) -> None:
         # Re-run the converters so a hand-built config is validated the same

@@ -38,7 +38,9 @@ them from the process that builds the engine):
     ``"3:kill:PID"`` SIGKILLs a process (e.g. the redis-server);
     comma-separated.
 ``LMCA_FAULT_BEFORE_LOOKUP``
-    The same, run just before the K-th lookup, plus ``"2:flipchunk:C"``:
+    The same, run just before the K-th lookup (after the signals), plus
+    ``"2:waitport:PORT"`` (wait until something listens on 127.0.0.1:PORT),
+    ``"2:sleep:S"`` and ``"2:flipchunk:C"``:
     flip bytes in the file of chunk C of that request's prompt in LMCache's
     local disk backend (``LMCACHE_LOCAL_DISK``, chunks of
     ``LMCACHE_CHUNK_SIZE`` tokens).
@@ -162,9 +164,10 @@ def parse_after_lookup(text: Optional[str]) -> dict[int, list[tuple[str, int]]]:
         if not item.strip():
             continue
         parts = item.strip().split(":")
-        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("dropkeys", "kill", "flipchunk") or not parts[2].isdigit():
+        actions = ("dropkeys", "kill", "flipchunk", "waitport", "sleep")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in actions or not parts[2].isdigit():
             raise ValueError(
-                f"LMCA_FAULT_AFTER_LOOKUP item {item!r}: expected N:dropkeys:PORT or N:kill:PID"
+                f"LMCA_FAULT_AFTER_LOOKUP item {item!r}: expected N:ACTION:INT with ACTION one of {actions}"
             )
         out.setdefault(int(parts[0]), []).append((parts[1], int(parts[2])))
     return out
@@ -206,6 +209,20 @@ def _after_lookup(action: str, arg: int, number: int, tokens: list[int]) -> None
         except ProcessLookupError:
             logger.warning("%s pid %d is gone", FAULT_LOG_TAG, arg)
             return
+    elif action == "waitport":  # until something accepts connections on 127.0.0.1:arg (60 s at most)
+        import socket
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", arg), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"nothing listened on 127.0.0.1:{arg} within 60 s") from None
+                time.sleep(0.2)
+    elif action == "sleep":
+        time.sleep(arg)
     elif action == "flipchunk":
         disk = Path(os.environ["LMCACHE_LOCAL_DISK"].removeprefix("file://"))
         h = chunk_hashes(tokens, int(os.environ["LMCACHE_CHUNK_SIZE"]))[arg]

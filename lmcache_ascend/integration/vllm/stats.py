@@ -68,6 +68,7 @@ class WorkerCounters(_Counters):
     staged_chunks: int = 0
     unstaged_loads: int = 0
     backend_failures: int = 0
+    remote_unavailable: int = 0
     stores_dropped_after_load_error: int = 0
 
 
@@ -129,6 +130,8 @@ _DOCS = {
     "quarantine_skips": "Lookups cut short at a chunk refused earlier (skipped for a while, not read again).",
     "staged_chunks": "Chunks read from disk or remote storage and verified by the lookup that reported them.",
     "unstaged_loads": "Loads with no chunks staged by their lookup (read through LMCache's retrieve instead).",
+    "remote_unavailable": "Times the remote store (remote_url) was found down or empty: at startup and at each "
+    "reconnection attempt (every 10 s) until it is back; the engine serves from its local cache meanwhile.",
     "stores_dropped_after_load_error": "Request stores not made because a load for the request failed in the "
     "same step on some rank (what the step computed is recomputed by vLLM).",
     "backend_failures": "Failed operations of a remote store (Mooncake lookups, puts, gets; remote put hand-offs "

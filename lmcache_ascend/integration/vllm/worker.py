@@ -130,6 +130,9 @@ class WorkerHalf:
         failures = getattr(self.engine, "backend_failures", None)
         if callable(failures):
             self.stats.backend_failures = failures()  # cumulative: take() sends the change
+        unavailable = getattr(self.engine, "remote_unavailable", None)
+        if callable(unavailable):
+            self.stats.remote_unavailable = unavailable()
         return self.stats.take()
 
     def close(self) -> None:
