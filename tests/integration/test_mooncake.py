@@ -78,28 +78,37 @@ def test_working_store_passes_in_seconds(store):
     assert _check(store) < 10
 
 
-def test_segment_size_zero_without_holder_is_refused(work):
-    from lmcache_ascend.lmcache_bridge.mooncake import MooncakeConfigError
+def test_segment_size_zero_without_holder_is_found_empty(work):
+    """An empty pool is an outage, not a misconfiguration: found within
+    seconds and named; the engine starts without it unless
+    ascend_require_remote (tests/integration/test_remote_outage.py)."""
+    from lmcache_ascend.lmcache_bridge import mooncake
+    from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
 
     with MooncakeStore(work / "no_holder", holder=False) as s:
         t = time.monotonic()
-        with pytest.raises(MooncakeConfigError) as err:
-            _check(s)
+        with pytest.raises(PoolUnavailableError) as err:
+            mooncake.check_config(_config(f"mooncakestore://{s.master_addr}/", s.extra_config()), {})
         assert time.monotonic() - t < 15
     text = str(err.value)
     assert "'mooncake_global_segment_size'=0" in text and "mooncake_client --global_segment_size" in text, text
 
 
-def test_metadata_server_mismatch_is_refused(work):
+def test_metadata_server_mismatch_is_named(work):
     """The holder registered through the master's HTTP metadata server;
-    an engine configured for P2PHANDSHAKE cannot reach its segment."""
-    from lmcache_ascend.lmcache_bridge.mooncake import MooncakeConfigError
+    an engine configured for P2PHANDSHAKE cannot reach its segment. Mooncake
+    answers as for an empty pool (no holder), so it is reported as one
+    (the engine starts without the pool), naming both causes."""
+    from lmcache_ascend.lmcache_bridge import mooncake
+    from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
 
     with MooncakeStore(work / "http_meta", segment="16MB", http_metadata=True) as s:
         assert _check(s) < 10  # the matching metadata server works
-        with pytest.raises(MooncakeConfigError) as err:
-            _check(s, mooncake_metadata_server="P2PHANDSHAKE")
+        with pytest.raises(PoolUnavailableError) as err:
+            mooncake.check_config(_config(f"mooncakestore://{s.master_addr}/",
+                                          s.extra_config(mooncake_metadata_server="P2PHANDSHAKE")), {})
     assert "'mooncake_metadata_server'='P2PHANDSHAKE'" in str(err.value), str(err.value)
+    assert "no segment holder is running" in str(err.value), str(err.value)
 
 
 def test_engine_with_ignored_key_is_refused_at_startup(store, work, tiny_model):
