@@ -7,8 +7,9 @@ stores (after each step), and ships that as ``StepTransfers``.
 
 from __future__ import annotations
 
+import enum
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from lmcache_ascend.integration.vllm.stats import SchedulerCounters
@@ -58,9 +59,39 @@ class StateHits:
     marks: tuple[int, ...]
 
 
+class RequestPhase(enum.Enum):
+    """Where a request is in the connector's protocol with vLLM's scheduler."""
+
+    # Looked up (or followed without a lookup); vLLM has not scheduled it
+    # with its hit yet. Also a preempted request that is looked up again.
+    ADMITTING = "admitting"
+    # vLLM allocated blocks for its external tokens: the load ships with the
+    # step being built.
+    LOAD_PENDING = "load_pending"
+    # Scheduled: its blocks are followed and each step plans its stores.
+    RUNNING = "running"
+
+
+# Legal moves. An asynchronous load adds its phases (waiting for the
+# fetch, fetched, failed) here, not as another per-request dict.
+_MOVES: dict[RequestPhase, frozenset[RequestPhase]] = {
+    RequestPhase.ADMITTING: frozenset({RequestPhase.ADMITTING, RequestPhase.LOAD_PENDING, RequestPhase.RUNNING}),
+    RequestPhase.LOAD_PENDING: frozenset({RequestPhase.RUNNING, RequestPhase.ADMITTING}),
+    RequestPhase.RUNNING: frozenset({RequestPhase.RUNNING, RequestPhase.ADMITTING}),
+}
+
+
 @dataclass
-class _Tracked:
-    view: RequestView
+class _PendingLoad:
+    skip_tokens: int
+    hit_tokens: int
+    lookup_id: Optional[str] = None
+
+
+@dataclass
+class _Blocks:
+    """What a scheduled request has in vLLM's KV cache and in LMCache."""
+
     block_ids: list[list[int]]
     # Tokens [0, saved_upto) are in LMCache or were deliberately not stored.
     saved_upto: int = 0
@@ -69,10 +100,26 @@ class _Tracked:
 
 
 @dataclass
-class _PendingLoad:
-    skip_tokens: int
-    hit_tokens: int
+class _Request:
+    """Everything the scheduler half knows of one request; forgotten whole
+    when it finishes."""
+
+    view: RequestView
+    phase: RequestPhase = RequestPhase.ADMITTING
+    # Tokens its last lookup hit (chunk-aligned).
+    hit: int = 0
+    # The state probe whose pins hold its hit, until its load or a miss.
     lookup_id: Optional[str] = None
+    # Its own lookup (id = request id) staged chunks on the worker, held
+    # until a load or an unpin releases them.
+    staged: bool = False
+    load: Optional[_PendingLoad] = None
+    blocks: Optional[_Blocks] = None
+
+    def move(self, to: RequestPhase) -> None:
+        if to not in _MOVES[self.phase]:
+            raise RuntimeError(f"request {self.view.req_id}: {self.phase.value} -> {to.value} is not a legal move")
+        self.phase = to
 
 
 class SchedulerHalf:
@@ -101,13 +148,9 @@ class SchedulerHalf:
         self._state = state
         if state is not None and chunk_size % state.block_size:
             raise ValueError(f"chunk_size {chunk_size} is not a multiple of the state block size {state.block_size}")
-        # Lookup ids of state probes: a successful one per request until its
-        # load, and the missed ones, whose pins the worker drops next step.
-        self._lookup_ids: dict[str, str] = {}
+        # Lookup ids whose pins the worker drops with the next step (missed
+        # state probes, released hits).
         self._unpin: list[str] = []
-        # Requests whose own lookup (id = request id) found chunks: the
-        # worker holds them staged until a load or an unpin releases them.
-        self._staged: set[str] = set()
         self._probe_seq = 0
         # Groups whose state we cannot restore at a chunk boundary: any hit
         # would leave them stale, so hits are refused (outputs stay exact).
@@ -123,10 +166,7 @@ class SchedulerHalf:
                 [g.index for g in self._hit_blockers],
                 sorted({g.spec_name for g in self._hit_blockers}),
             )
-        self._views: dict[str, RequestView] = {}
-        self._hits: dict[str, int] = {}
-        self._pending_loads: dict[str, _PendingLoad] = {}
-        self._tracked: dict[str, _Tracked] = {}
+        self._requests: dict[str, _Request] = {}
         self._refusal_kinds: set[str] = set()
         self.stats = SchedulerCounters()
 
@@ -146,12 +186,25 @@ class SchedulerHalf:
         at least one token to produce logits."""
         return ((num_tokens - 1) // self.chunk_size) * self.chunk_size if num_tokens > 0 else 0
 
+    def phase(self, req_id: str) -> Optional[RequestPhase]:
+        """Where a request is (None: not followed)."""
+        rec = self._requests.get(req_id)
+        return rec.phase if rec is not None else None
+
+    def _admit(self, view: RequestView) -> _Request:
+        rec = self._requests.get(view.req_id)
+        if rec is None:
+            rec = self._requests[view.req_id] = _Request(view)
+        rec.view = view
+        rec.move(RequestPhase.ADMITTING)
+        rec.hit = 0
+        return rec
+
     def track(self, view: RequestView) -> None:
         """Follow a request without looking it up (kv_producer: store only)."""
         if self._refuse(view):
             return
-        self._views[view.req_id] = view
-        self._hits[view.req_id] = 0
+        self._admit(view)
 
     def _refuse(self, view: RequestView) -> bool:
         """A request whose chunk keys cannot cover what vLLM's prefix cache
@@ -175,35 +228,32 @@ class SchedulerHalf:
         self, view: RequestView, num_computed_tokens: int
     ) -> tuple[int, bool]:
         if self._refuse(view):
-            self._views.pop(view.req_id, None)
-            self._hits[view.req_id] = 0
+            self._requests.pop(view.req_id, None)
             return 0, False
-        self._views[view.req_id] = view
+        rec = self._admit(view)
         limit = self.max_hit(view.num_tokens)
         if limit <= num_computed_tokens:
-            self._hits[view.req_id] = 0
             return 0, False
         if self._hit_blockers:
             self.stats.refused_lookups += 1
-            self._hits[view.req_id] = 0
             return 0, False
         self.stats.lookup_requests += 1
         if self._state is not None:
-            hit = self._state_lookup(view, num_computed_tokens, limit)
+            hit = self._state_lookup(rec, num_computed_tokens, limit)
         else:
             found = self._lookup(view.token_ids[:limit], view.req_id)
             if found is None:
                 self._lookup_failed(view.req_id)
                 found = 0
             if found:
-                self._staged.add(view.req_id)
+                rec.staged = True
             hit = int(found)
             hit = min(hit - hit % self.chunk_size, limit)
-        self._hits[view.req_id] = hit
+        rec.hit = hit
         self.stats.hit_tokens += hit
         return (hit - num_computed_tokens, False) if hit > num_computed_tokens else (0, False)
 
-    def _state_lookup(self, view: RequestView, num_computed: int, limit: int) -> int:
+    def _state_lookup(self, rec: _Request, num_computed: int, limit: int) -> int:
         """The longest chunk boundary P <= ``limit`` (beyond what vLLM has)
         whose KV chunks and Mamba state are both stored, or 0.
 
@@ -213,8 +263,9 @@ class SchedulerHalf:
         id instead of adding to them): the hit's pins are released after its
         load, a miss's with the next step."""
         assert self._state is not None
+        view = rec.view
         marks = self._state.marks
-        self._release_lookup(view.req_id)  # an earlier admission attempt
+        self._release_lookup(rec)  # an earlier admission attempt
         pos = limit
         for _ in range(MAX_STATE_PROBES):
             if pos <= num_computed:
@@ -227,7 +278,7 @@ class SchedulerHalf:
                 self._lookup_failed(view.req_id)
                 return 0
             if found >= pos + len(marks):
-                self._lookup_ids[view.req_id] = lookup_id
+                rec.lookup_id = lookup_id
                 return pos
             self._unpin.append(lookup_id)
             # KV stored up to `found`: the state there is the next candidate;
@@ -235,15 +286,15 @@ class SchedulerHalf:
             pos = found - found % self.chunk_size if found < pos else pos - self.chunk_size
         return 0
 
-    def _release_lookup(self, req_id: str) -> None:
-        lookup_id = self._lookup_ids.pop(req_id, None)
-        if lookup_id is not None:
-            self._unpin.append(lookup_id)
+    def _release_lookup(self, rec: _Request) -> None:
+        if rec.lookup_id is not None:
+            self._unpin.append(rec.lookup_id)
+            rec.lookup_id = None
 
-    def _release_staged(self, req_id: str) -> None:
-        if req_id in self._staged:
-            self._staged.discard(req_id)
-            self._unpin.append(req_id)
+    def _release_staged(self, rec: _Request) -> None:
+        if rec.staged:
+            rec.staged = False
+            self._unpin.append(rec.view.req_id)
 
     def _lookup_failed(self, req_id: str) -> None:
         self.stats.lookup_failures += 1
@@ -258,36 +309,41 @@ class SchedulerHalf:
             )
 
     def update_state_after_alloc(self, req_id: str, num_external_tokens: int) -> None:
+        rec = self._requests.get(req_id)
         if num_external_tokens <= 0:
-            self._pending_loads.pop(req_id, None)
-            self._release_lookup(req_id)
-            self._release_staged(req_id)
+            if rec is not None:
+                rec.load = None
+                self._release_lookup(rec)
+                self._release_staged(rec)
             return
-        # The load releases what the lookup staged.
-        self._staged.discard(req_id)
-        hit = self._hits.get(req_id, 0)
+        hit = rec.hit if rec is not None else 0
         skip = hit - num_external_tokens
-        if skip < 0:
+        if rec is None or skip < 0:
             raise RuntimeError(
                 f"request {req_id}: vLLM allocated {num_external_tokens} external "
                 f"tokens but the lookup hit only {hit}"
             )
-        self._pending_loads[req_id] = _PendingLoad(skip, hit, self._lookup_ids.pop(req_id, None))
+        rec.move(RequestPhase.LOAD_PENDING)
+        # The load releases what the lookup staged.
+        rec.staged = False
+        rec.load = _PendingLoad(skip, hit, rec.lookup_id)
+        rec.lookup_id = None
 
     # ---- per step --------------------------------------------------------
 
     def build(self, step: StepView) -> StepTransfers:
         out: list[RequestTransfer] = []
         for req_id in step.preempted_req_ids:
-            tracked = self._tracked.get(req_id)
-            if tracked is not None:
+            rec = self._requests.get(req_id)
+            if rec is not None and rec.blocks is not None:
                 # Blocks are gone; they come back complete on resume.
-                tracked.block_ids = [[] for _ in self.groups]
+                rec.blocks.block_ids = [[] for _ in self.groups]
         for sched in step.scheduled:
-            tracked = self._track(sched.req_id, sched)
-            if tracked is None:
+            rec = self._requests.get(sched.req_id)
+            tracked = self._track(rec, sched) if rec is not None else None
+            if rec is None or tracked is None:
                 continue
-            load = self._pending_loads.pop(sched.req_id, None)
+            load, rec.load = rec.load, None
             load_spec = None
             if load is not None:
                 load_spec = LoadSpec(
@@ -299,8 +355,8 @@ class SchedulerHalf:
                 tracked.saved_upto = max(tracked.saved_upto, load.hit_tokens)
                 tracked.state_upto = max(tracked.state_upto, load.hit_tokens)
             computed_after = sched.num_computed_tokens + sched.num_scheduled_tokens
-            store_spec = self._store_range(tracked, computed_after)
-            state_store = self._state_store(tracked, sched.num_scheduled_tokens, computed_after)
+            store_spec = self._store_range(rec, tracked, computed_after)
+            state_store = self._state_store(rec, tracked, sched.num_scheduled_tokens, computed_after)
             if load_spec is None and store_spec is None and state_store is None:
                 continue
             end = max(
@@ -311,7 +367,7 @@ class SchedulerHalf:
             out.append(
                 RequestTransfer(
                     req_id=sched.req_id,
-                    token_ids=tuple(tracked.view.token_ids[:end]),
+                    token_ids=tuple(rec.view.token_ids[:end]),
                     block_ids=tuple(tuple(ids) for ids in tracked.block_ids),
                     load=load_spec,
                     store=store_spec,
@@ -328,7 +384,7 @@ class SchedulerHalf:
             unpin_lookup_ids=unpin,
         )
 
-    def _state_blocks(self, tracked: _Tracked, index: int) -> tuple[tuple[int, int], ...]:
+    def _state_blocks(self, tracked: _Blocks, index: int) -> tuple[tuple[int, int], ...]:
         """(group, block id) at ``index`` of every state group; a missing
         position reads as the null block (the worker refuses it)."""
         assert self._state is not None
@@ -338,7 +394,7 @@ class SchedulerHalf:
             out.append((g, int(ids[index]) if 0 <= index < len(ids) else NULL_BLOCK_ID))
         return tuple(out)
 
-    def _state_load(self, tracked: _Tracked, hit: int, scheduled: int) -> Optional[StateLoad]:
+    def _state_load(self, tracked: _Blocks, hit: int, scheduled: int) -> Optional[StateLoad]:
         if self._state is None:
             return None
         bs = self._state.block_size
@@ -347,13 +403,13 @@ class SchedulerHalf:
             running_blocks=self._state_blocks(tracked, running_block_index(hit, scheduled, bs)),
         )
 
-    def _state_store(self, tracked: _Tracked, scheduled: int, end: int) -> Optional[StateStore]:
+    def _state_store(self, rec: _Request, tracked: _Blocks, scheduled: int, end: int) -> Optional[StateStore]:
         """The state this step leaves at ``end``, if ``end`` is a chunk
         boundary: only a step's end has state (align mode), in block
         end/B - 1 of every state group, valid until the step's stores."""
         if self._state is None or scheduled <= 0 or end <= 0 or end % self.chunk_size:
             return None
-        if end <= tracked.state_upto or end > len(tracked.view.token_ids):
+        if end <= tracked.state_upto or end > len(rec.view.token_ids):
             return None
         blocks = self._state_blocks(tracked, hit_block_index(end, self._state.block_size))
         if any(b == NULL_BLOCK_ID for _, b in blocks):
@@ -361,42 +417,39 @@ class SchedulerHalf:
         tracked.state_upto = end
         return StateStore(end, blocks)
 
-    def _track(self, req_id: str, sched) -> Optional[_Tracked]:
-        tracked = self._tracked.get(req_id)
+    def _track(self, rec: _Request, sched) -> Optional[_Blocks]:
+        """The request's blocks after this step's allocation. (A request
+        vLLM schedules that never went through get_num_new_matched_tokens,
+        e.g. admitted while the connector was not consulted, has no record
+        and is not followed.)"""
+        rec.move(RequestPhase.RUNNING)
+        tracked = rec.blocks
         if sched.is_new or tracked is None:
-            view = self._views.get(req_id)
-            if view is None:
-                # Never went through get_num_new_matched_tokens (e.g. a
-                # request admitted while the connector was not consulted).
-                return None
             # Chunks below what the request starts with are not stored again:
             # they came from LMCache (a hit) or from vLLM's own prefix cache,
             # i.e. from an earlier request that stored them already.
             computed = sched.num_computed_tokens - sched.num_computed_tokens % self.chunk_size
-            tracked = _Tracked(
-                view=view,
-                block_ids=[list(ids) for ids in (sched.block_ids or ())]
-                or [[] for _ in self.groups],
-                saved_upto=max(self._hits.get(req_id, 0), computed),
+            tracked = rec.blocks = _Blocks(
+                block_ids=[list(ids) for ids in (sched.block_ids or ())] or [[] for _ in self.groups],
+                saved_upto=max(rec.hit, computed),
             )
-            self._tracked[req_id] = tracked
             return tracked
         if sched.resumed:
             tracked.block_ids = [list(ids) for ids in (sched.block_ids or ())]
             # A resumed request went through a new lookup; chunks it hit are
             # in the cache already.
-            tracked.saved_upto = max(tracked.saved_upto, self._hits.get(req_id, 0))
+            tracked.saved_upto = max(tracked.saved_upto, rec.hit)
         elif sched.block_ids is not None:
             for g, ids in enumerate(sched.block_ids):
                 if ids:
                     tracked.block_ids[g].extend(ids)
         return tracked
 
-    def _store_range(self, tracked: _Tracked, computed_after: int) -> Optional[StoreSpec]:
+    def _store_range(self, rec: _Request, tracked: _Blocks, computed_after: int) -> Optional[StoreSpec]:
         """Chunks completed by this step and not yet stored."""
         primary = primary_group(self.groups, tracked.block_ids)
         span = len(tracked.block_ids[primary]) * self.groups[primary].block_size
-        known = min(computed_after, span, len(tracked.view.token_ids))
+        known = min(computed_after, span, len(rec.view.token_ids))
         end = known - known % self.chunk_size
         if end <= tracked.saved_upto:
             return None
@@ -405,15 +458,13 @@ class SchedulerHalf:
         return spec
 
     def _forget(self, req_id: str) -> None:
-        self._release_lookup(req_id)
-        self._release_staged(req_id)
-        pending = self._pending_loads.get(req_id)
-        if pending is not None and pending.lookup_id is not None:
-            self._unpin.append(pending.lookup_id)
-        self._tracked.pop(req_id, None)
-        self._views.pop(req_id, None)
-        self._hits.pop(req_id, None)
-        self._pending_loads.pop(req_id, None)
+        rec = self._requests.pop(req_id, None)
+        if rec is None:
+            return
+        self._release_lookup(rec)
+        self._release_staged(rec)
+        if rec.load is not None and rec.load.lookup_id is not None:
+            self._unpin.append(rec.load.lookup_id)
 
     def request_finished(self, req_id: str) -> tuple[bool, None]:
         # Stores run synchronously in the step that completes them, so vLLM
