@@ -14,11 +14,13 @@ Imports LMCache, never vLLM.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 import struct
 import zlib
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
+import blake3
 import torch
 
 from lmcache.v1.memory_management import MemoryObj
@@ -31,15 +33,24 @@ GPUConnectorInterface = lmcache_modules.load(lmcache_modules.GPU_CONNECTORS).GPU
 
 logger = logging.getLogger(__name__)
 
-# Bytes after the payload: crc32 of the payload, then a magic tag that says
-# the checksum was written (a chunk stored without checksums has zeros).
-# "LMCK": the crc is seeded with the chunk's key (its prefix hash), so a
-# well-formed chunk stored under another key (another prompt's chunk copied
-# over, a foreign writer) is refused too; "LMCA": payload only (chunks
-# stored without a known key, e.g. through LMCache's own adapter).
-TRAILER_BYTES = 8
+# Bytes after the payload (format 2; planning/planner.py CHUNK_FORMAT_VERSION
+# is part of the layout fingerprint, so entries of another format have other
+# keys): [tag 16][crc32 4][magic 4]. The magic says how the chunk was sealed
+# (a chunk stored without checksums has zeros):
+# "LMCM": tag = keyed BLAKE3 MAC (the pool secret, pool_secret.py) over the
+#   chunk's key identity (its prefix hash), the key's other fields (model,
+#   weights, layout, rank: ``key_scope``) and the payload; crc unused (0);
+# "LMCK": no tag, crc32 of the payload seeded with the chunk's key identity,
+#   so a well-formed chunk stored under another key is refused too;
+# "LMCA": no tag, crc32 of the payload only (a chunk sealed where its key is
+#   not known); accepted only by a load that does not know the key either.
+TAG_BYTES = 16
+TRAILER_BYTES = TAG_BYTES + 8
 _MAGIC = b"LMCA"
 _MAGIC_KEYED = b"LMCK"
+_MAGIC_MAC = b"LMCM"
+MAC_KEY_BYTES = 32
+_U64 = (1 << 64) - 1
 
 
 def buffer_shape(chunk_bytes: int, chunk_size: int) -> torch.Size:
@@ -109,7 +120,9 @@ class TransferContext:
     outcome: LoadOutcome = dataclasses.field(default_factory=LoadOutcome)
     state: Optional[StatePieces] = None
     # Token start -> the chunk's key identity (LMCache's chunk hash), which
-    # seeds its checksum; starts missing here get a payload-only checksum.
+    # seeds its checksum or MAC. With checksums on, a chunk whose start is
+    # missing here is not stored, and a load that misses it accepts only a
+    # payload-only checksum.
     chunk_ids: Mapping[int, int] = dataclasses.field(default_factory=dict)
     # The chunks were verified when the lookup staged them (staging.py):
     # their checksums are not computed a second time.
@@ -132,6 +145,33 @@ def _crc(payload: torch.Tensor, ident: Optional[int] = None) -> int:
     return zlib.crc32(memoryview(payload.numpy()), seed)
 
 
+def _ident_bytes(ident: Optional[int]) -> bytes:
+    # LMCache chunk hashes are uint64-compatible ints (Python's builtin hash:
+    # signed); 8 bytes little-endian, nothing for an unknown key.
+    return b"" if ident is None else (int(ident) & _U64).to_bytes(8, "little")
+
+
+def entry_mac(payload: torch.Tensor, ident: Optional[int], key_scope: str, mac_key: bytes) -> bytes:
+    """The tag of an ``LMCM`` trailer: keyed BLAKE3 over ident (8 bytes LE,
+    or nothing), the key scope (UTF-8) and the payload, first ``TAG_BYTES``
+    bytes. Reads the payload in place."""
+    h = blake3.blake3(key=mac_key)
+    h.update(_ident_bytes(ident))
+    h.update(key_scope.encode())
+    h.update(memoryview(payload.numpy()))
+    return h.digest(length=TAG_BYTES)
+
+
+def key_scope_of(token_database: Any) -> str:
+    """Every field of the chunk keys ``token_database`` makes except the
+    chunk hash (model name with weights and layout fingerprint, world size,
+    worker): with the chunk hash, what a MAC binds an entry to, so a valid
+    entry copied under another model's, layout's or rank's key is refused."""
+    meta = token_database.metadata
+    world = 1 if getattr(token_database, "save_only_first_rank", False) else meta.world_size
+    return f"{meta.model_name}@{world}@{meta.worker_id}"
+
+
 class PagedChunkConnector(GPUConnectorInterface):
     """LMCache GPU-connector hook backed by a ``ChunkTransfer``.
 
@@ -147,9 +187,20 @@ class PagedChunkConnector(GPUConnectorInterface):
         load: Callable[[torch.Tensor, ChunkRequest], Any],
         checksums: bool = True,
         trailer: bool = True,
+        mac_key: Optional[bytes] = None,
+        key_scope: str = "",
     ) -> None:
         """``trailer=False``: buffers have no room after the payload (LMCache
-        sized them), so nothing is written there and only sizes are checked."""
+        sized them), so nothing is written there and only sizes are checked.
+
+        ``mac_key`` (``pool_secret.load_mac_key``): every chunk is sealed
+        with a keyed MAC and only chunks whose MAC verifies are accepted;
+        ``key_scope``: the key fields it binds besides the chunk hash
+        (``WorkerEngine.start`` sets them from its chunk keys)."""
+        if mac_key is not None:
+            if len(mac_key) != MAC_KEY_BYTES:
+                raise ValueError(f"the pool MAC key must be {MAC_KEY_BYTES} bytes")
+            checksums = True
         if checksums and not trailer:
             raise ValueError("checksums need the trailer")
         self.chunk_bytes = chunk_bytes
@@ -158,6 +209,13 @@ class PagedChunkConnector(GPUConnectorInterface):
         self._load = load
         self.checksums = checksums
         self.trailer_bytes = TRAILER_BYTES if trailer else 0
+        self._mac_key = mac_key
+        self.key_scope = key_scope
+
+    @property
+    def authenticated(self) -> bool:
+        """Whether chunks are sealed and checked with the pool secret."""
+        return self._mac_key is not None
 
     def get_shape(self, num_tokens: int) -> torch.Size:
         return buffer_shape(self.chunk_bytes, self.chunk_size)
@@ -166,12 +224,17 @@ class PagedChunkConnector(GPUConnectorInterface):
         if not self.trailer_bytes:
             return
         trailer = buf[self.chunk_bytes : self.chunk_bytes + TRAILER_BYTES]
-        if self.checksums:
-            crc = _crc(buf[: self.chunk_bytes], ident)
-            magic = _MAGIC if ident is None else _MAGIC_KEYED
-            trailer.copy_(torch.frombuffer(bytearray(struct.pack("<I", crc) + magic), dtype=torch.uint8))
-        else:
+        if not self.checksums:
             trailer.zero_()
+            return
+        payload = buf[: self.chunk_bytes]
+        if self._mac_key is not None:
+            raw = entry_mac(payload, ident, self.key_scope, self._mac_key) + bytes(4) + _MAGIC_MAC
+        else:
+            crc = _crc(payload, ident)
+            tag = bytes(TAG_BYTES)
+            raw = tag + struct.pack("<I", crc) + (_MAGIC if ident is None else _MAGIC_KEYED)
+        trailer.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
 
     def verify(self, memory_obj: MemoryObj, start: int, ident: Optional[int] = None) -> None:
         """Raise ``ChunkCorrupted`` unless ``memory_obj`` holds a whole chunk
@@ -179,8 +242,13 @@ class PagedChunkConnector(GPUConnectorInterface):
         self._verify(self._buffer(memory_obj), start, ident)
 
     def _verify(self, buf: torch.Tensor, start: int, ident: Optional[int] = None) -> None:
-        """Refuse a chunk whose size or checksum is wrong, before any byte
-        of it reaches vLLM's KV cache."""
+        """Refuse a chunk whose size, checksum or MAC is wrong, before any
+        byte of it reaches vLLM's KV cache.
+
+        With the pool secret only a MAC that verifies is accepted. Without
+        it, a chunk sealed with a secret is refused, and a load that knows
+        the chunk's key accepts only a checksum seeded with that key (an
+        unkeyed one would let any chunk's bytes pass under this key)."""
         if buf.numel() < self.chunk_bytes + self.trailer_bytes:
             raise ChunkCorrupted(
                 f"chunk at token {start}: {buf.numel()} bytes, expected at least "
@@ -189,16 +257,39 @@ class PagedChunkConnector(GPUConnectorInterface):
         if not self.checksums:
             return
         trailer = bytes(buf[self.chunk_bytes : self.chunk_bytes + TRAILER_BYTES].numpy())
-        magic = trailer[4:]
-        if magic not in (_MAGIC, _MAGIC_KEYED):
+        tag, stored_crc, magic = trailer[:TAG_BYTES], trailer[TAG_BYTES:-4], trailer[-4:]
+        payload = buf[: self.chunk_bytes]
+        if magic not in (_MAGIC, _MAGIC_KEYED, _MAGIC_MAC):
             raise ChunkCorrupted(f"chunk at token {start}: no checksum trailer")
+        if self._mac_key is not None:
+            if magic != _MAGIC_MAC:
+                raise ChunkCorrupted(
+                    f"chunk at token {start}: written without the pool secret (no MAC); "
+                    "this engine accepts only authenticated entries"
+                )
+            want = entry_mac(payload, ident, self.key_scope, self._mac_key)
+            if not hmac.compare_digest(tag, want):
+                raise ChunkCorrupted(
+                    f"chunk at token {start}: MAC does not verify (forged, damaged, another "
+                    "chunk's bytes under this key, or written under another pool secret)"
+                )
+            return
+        if magic == _MAGIC_MAC:
+            raise ChunkCorrupted(
+                f"chunk at token {start}: sealed with a pool secret this engine does not have"
+            )
         if magic == _MAGIC_KEYED and ident is None:
             raise ChunkCorrupted(f"chunk at token {start}: sealed for a key, loaded without one")
-        (want,) = struct.unpack("<I", trailer[:4])
-        got = _crc(buf[: self.chunk_bytes], ident if magic == _MAGIC_KEYED else None)
-        if got != want:
+        if magic == _MAGIC and ident is not None:
             raise ChunkCorrupted(
-                f"chunk at token {start}: checksum {got:#010x} != stored {want:#010x} "
+                f"chunk at token {start}: sealed without its key (an unkeyed checksum), "
+                "loaded for a known key"
+            )
+        (want_crc,) = struct.unpack("<I", stored_crc)
+        got = _crc(payload, ident)
+        if got != want_crc:
+            raise ChunkCorrupted(
+                f"chunk at token {start}: checksum {got:#010x} != stored {want_crc:#010x} "
                 "(damaged, or another chunk's bytes under this key)"
             )
 
@@ -236,10 +327,17 @@ class PagedChunkConnector(GPUConnectorInterface):
         try:
             for obj, start, end in zip(memory_objs, starts, ends, strict=True):
                 buf = self._buffer(obj)
+                ident = ctx.chunk_ids.get(start)
+                if ident is None and self.checksums:
+                    # Every lookup of ours knows the key and refuses an
+                    # unkeyed seal: never write one.
+                    raise RuntimeError(
+                        f"request {ctx.req_id}: chunk at token {start} has no key identity; not stored"
+                    )
                 piece = ctx.state_piece(start, self.chunk_size)
                 if piece is not None:
                     ctx.state.store_piece(buf[: self.chunk_bytes], piece)
-                    self._seal(buf, ctx.chunk_ids.get(start))
+                    self._seal(buf, ident)
                     continue
                 result = self._store(buf, ChunkRequest(start, end, ctx.block_ids))
                 if getattr(result, "stored", True) is False:
@@ -248,7 +346,7 @@ class PagedChunkConnector(GPUConnectorInterface):
                         f"request {ctx.req_id}: chunk at token {start} has groups without "
                         f"real blocks ({getattr(result, 'incomplete', ())}); not stored"
                     )
-                self._seal(buf, ctx.chunk_ids.get(start))
+                self._seal(buf, ident)
         except BaseException:
             # LMCache's store() drops the batch without freeing it on an
             # exception: return the buffers to its allocator here.

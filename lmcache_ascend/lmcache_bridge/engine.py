@@ -26,7 +26,7 @@ from typing import Any, Mapping, Optional, Sequence
 import torch
 
 from lmcache_ascend.lmcache_bridge import lmcache_modules
-from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext
+from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext, key_scope_of
 from lmcache_ascend.lmcache_bridge import remote_pool
 from lmcache_ascend.lmcache_bridge.remote_pool import Reconnector
 from lmcache_ascend.lmcache_bridge.resources import CLOSE_TIMEOUT_S, bounded_close, detach_remote_backends
@@ -234,6 +234,8 @@ class WorkerEngine:
                 instance_id, lmcache_config, metadata, connector, _broadcast_noop, _broadcast_object_noop
             )
             engine.token_database.metadata = spec.key_metadata(metadata)
+            # A pool entry's MAC binds these chunk keys' fields (chunk_io).
+            connector.key_scope = key_scope_of(engine.token_database)
             engine.post_init()
             prepare_token_database(engine, spec.chunk_size, "worker")
             # Before the lookup server exists: every lookup it answers stages.

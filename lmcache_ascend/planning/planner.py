@@ -37,6 +37,12 @@ from lmcache_ascend.planning.state_skip import (
     unrestorable_groups,
 )
 
+# Version of what a chunk buffer holds after the payload (the trailer
+# lmcache_bridge/chunk_io.py writes: 2 = MAC tag, crc, magic). Part of the
+# layout fingerprint, so entries written in another format get other keys
+# and are never read as this one.
+CHUNK_FORMAT_VERSION = 2
+
 __all__ = [
     "KernelGroup",
     "KernelOp",
@@ -232,8 +238,9 @@ class TransferPlan:
         """Hash of the chunk buffer's byte layout (order, rows, row bytes,
         dtypes; not pointers or cache sizes). Chunks are only interchangeable
         between plans with equal fingerprints, e.g. not between bundled and
-        exploded mode: fold it into the cache key of persistent backends."""
-        parts = [self.chunk_size]
+        exploded mode, or of another trailer format: fold it into the cache
+        key of persistent backends."""
+        parts: list = [f"chunk-format-{CHUNK_FORMAT_VERSION}", self.chunk_size]
         for kg in self.kernel_groups:
             parts.append(
                 (
