@@ -77,6 +77,15 @@ class AdapterChunkConnector(PagedChunkConnector):
     """
 
     def __init__(self, config: Any, metadata: Any) -> None:
+        from lmcache_ascend.lmcache_bridge.pool_secret import PoolSecretError, load_mac_key, read_secret
+
+        if read_secret(config)[0] is not None:
+            # No room for a MAC here: entries would be unauthenticated.
+            raise PoolSecretError(
+                f"a pool secret is set (ascend_pool_secret_file or LMCACHE_ASCEND_POOL_SECRET), but {ROUTE} "
+                f"cannot authenticate pool entries (LMCache sizes its chunk buffers); use {DYNAMIC}"
+            )
+        load_mac_key(config)  # says once that pool entries are not authenticated
         super().__init__(
             0, int(config.chunk_size), self._unbound, self._unbound, checksums=False, trailer=False
         )

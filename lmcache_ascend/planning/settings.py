@@ -118,6 +118,26 @@ def _to_identity(key: str) -> Callable[[Any], str]:
     return convert
 
 
+# Longest path accepted for a file setting.
+MAX_PATH_CHARS = 4096
+
+
+def _to_path(key: str) -> Callable[[Any], str]:
+    def convert(value: Any) -> str:
+        if value is None:
+            return ""
+        if not isinstance(value, str):
+            raise ConfigValueError(f"config key {key!r}: invalid value of type {type(value).__name__}; valid: a path")
+        text = value.strip()
+        if len(text) > MAX_PATH_CHARS or not text.isprintable():
+            raise ConfigValueError(
+                f"config key {key!r}: invalid value; valid: a path of at most {MAX_PATH_CHARS} printable characters"
+            )
+        return text
+
+    return convert
+
+
 @dataclass(frozen=True)
 class KeySpec:
     key: str
@@ -186,6 +206,16 @@ KEYS: tuple[KeySpec, ...] = (
         "false: the engine starts without it (one ERROR, counted in remote_unavailable) and uses it "
         "once it is back. A misconfigured store stops startup either way.",
     ),
+    KeySpec(
+        "ascend_pool_secret_file",
+        str,
+        "",
+        _to_path("ascend_pool_secret_file"),
+        "A file holding the pool secret (at least 16 bytes; one trailing newline is dropped): every "
+        "entry written to disk or a remote store then carries a keyed MAC and lookups refuse entries "
+        "whose MAC does not verify. The environment variable LMCACHE_ASCEND_POOL_SECRET (the secret "
+        "itself) is the alternative; setting both stops startup. Default: no secret.",
+    ),
 )
 KEY_NAMES: tuple[str, ...] = tuple(k.key for k in KEYS)
 
@@ -201,6 +231,7 @@ class AscendConfig:
     skip_state_layer_suffixes: tuple[str, ...] = DEFAULT_SKIP_STATE_LAYER_SUFFIXES
     model_identity: str = ""
     require_remote: bool = False
+    pool_secret_file: str = ""
 
     def __post_init__(self) -> None:
         # Re-run the converters so a hand-built config is validated the same

@@ -236,10 +236,12 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
     from lmcache_ascend.integration.vllm.parallel import failed_load_vote, store_stripe
     from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector
     from lmcache_ascend.lmcache_bridge.engine import WorkerEngine, checksums_enabled
+    from lmcache_ascend.lmcache_bridge.pool_secret import load_mac_key
     from lmcache_ascend.planning.planner import build_plan
     from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
 
     setup = load_setup(vllm_config, kv_cache_config)
+    mac_key = load_mac_key(setup.lmcache_config)  # a bad pool secret stops startup here
     hints = worker_layout_hints(kv_cache_config)
     try:
         plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
@@ -255,6 +257,7 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
         transfer.store,
         transfer.load,
         checksums=checksums_enabled(setup.lmcache_config),
+        mac_key=mac_key,
     )
     engine = WorkerEngine.start(
         setup.lmcache_config, setup.engine, connector, plan.chunk_bytes, len(kv_caches), plan.layout_fingerprint
