@@ -149,3 +149,20 @@ def test_extension_refuses_another_torch_naming_both_versions():
     assert "ERR" in out.stdout, out.stdout
     assert "2.0.0+other" in out.stdout and torch.__version__ in out.stdout
     assert "rebuild" in out.stdout
+
+
+def test_the_package_pins_admit_the_lmcache_releases_compat_supports():
+    """pyproject.toml's LMCache requirement and compat.LMCACHE_VERSIONS agree:
+    pip installs no release the connector refuses at startup, and refuses
+    none it supports."""
+    import re
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    text = (Path(compat.__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    req = Requirement(re.search(r'"(lmcache[<>=!][^"]*)"', text).group(1))
+    for version in compat.LMCACHE_VERSIONS:
+        assert req.specifier.contains(version, prereleases=True), (str(req), version)
+    for outside in ("0.5.5", "0.5.7", "0.5.8", "0.6.0"):
+        assert not req.specifier.contains(outside, prereleases=True), (str(req), outside)
