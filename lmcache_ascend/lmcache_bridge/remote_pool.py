@@ -14,12 +14,15 @@ What happens where:
   and the engine starts, unless ``ascend_require_remote`` is true, which
   keeps the strict behaviour (startup stops, naming the key).
 * While it runs (:class:`Reconnector`): LMCache's ``RemoteBackend`` keeps no
-  connection when creating its connector raised, and only LMCache's health
-  monitor, which this connector does not run, would try again. A daemon
-  thread calls LMCache's own ``RemoteBackend.init_connection`` for such a
-  backend once the store accepts TCP connections again, at most every
-  ``RECONNECT_S``, and logs when it is connected. Until then lookups miss
-  and stores stay local: speed, never an output.
+  connection when creating its connector raised (Mooncake with its master
+  down), and only LMCache's health monitor, which this connector does not
+  run, would try again. A daemon thread calls LMCache's own
+  ``RemoteBackend.init_connection`` for such a backend once the store
+  accepts TCP connections again, at most every ``RECONNECT_S``, and logs
+  when it is connected. (LMCache's Redis connector connects lazily: it
+  exists while Redis is down and reconnects by itself; the thread only
+  says when the store is back.) Until then lookups miss and stores stay
+  local: speed, never an output.
 
 Redis and Mooncake behave alike; the README has the table.
 """
@@ -55,6 +58,10 @@ class PoolUnavailableError(RuntimeError):
 _lock = threading.Lock()
 _COUNTS: Counter = Counter()
 _REPORTED: set = set()
+# remote_url of the stores found down at startup, until seen back: a
+# connector that connects lazily (LMCache's Redis) is created anyway, so
+# the Reconnector watches these too, to say when the store is back.
+_DOWN_AT_START: set = set()
 
 
 def unavailable_count() -> int:
@@ -118,6 +125,8 @@ def check_at_startup(config: Any, environ: Any, require_remote: bool) -> None:
                 return
             _REPORTED.add(str(e))
         _count(e.backend)
+        with _lock:
+            _DOWN_AT_START.add(str(config.remote_url))
         logger.error(
             "lmcache-ascend: remote store unavailable at startup, %s. The engine starts without it: lookups "
             "miss it and stores stay in the local cache until it is back (checked every %.0f s; counted in "
@@ -134,6 +143,7 @@ class Reconnector:
         self._engine = engine
         self._stop = threading.Event()
         self._down_since: dict[int, float] = {}
+        self._started = time.monotonic()
         self._thread: Optional[threading.Thread] = None
 
     def _backends(self) -> list:
@@ -142,8 +152,16 @@ class Reconnector:
         backends = getattr(getattr(self._engine, "storage_manager", None), "storage_backends", None) or {}
         return [b for b in list(backends.values()) if isinstance(b, RemoteBackend)]
 
+    def _watched(self, backend: Any) -> bool:
+        with _lock:
+            return backend.connection is None or self._url(backend) in _DOWN_AT_START
+
+    @staticmethod
+    def _url(backend: Any) -> str:
+        return str(getattr(backend, "remote_url", None) or getattr(backend.config, "remote_url", ""))
+
     def start(self) -> "Reconnector":
-        if any(b.connection is None for b in self._backends()):
+        if any(self._watched(b) for b in self._backends()):
             self._thread = threading.Thread(target=self._run, name="lmcache-ascend-reconnect", daemon=True)
             self._thread.start()
         return self
@@ -151,7 +169,7 @@ class Reconnector:
     def _target(self, backend: Any) -> Optional[tuple[str, int]]:
         from lmcache_ascend.lmcache_bridge import mooncake
 
-        url = str(getattr(backend, "remote_url", None) or getattr(backend.config, "remote_url", ""))
+        url = self._url(backend)
         if url.startswith(mooncake.URL_SCHEME):
             return mooncake.master_address(backend.config)
         return tcp_target(url)
@@ -160,23 +178,26 @@ class Reconnector:
         """One pass; returns how many backends are still without a connection."""
         left = 0
         for backend in self._backends():
-            if backend.connection is not None:
+            if not self._watched(backend):
                 continue
-            self._down_since.setdefault(id(backend), time.monotonic())
+            self._down_since.setdefault(id(backend), self._started)
             target = self._target(backend)
             if target is not None and unreachable(*target):
                 _count("reconnect")
                 left += 1
                 continue
-            backend.failure_time = 0  # this check replaces LMCache's wait between attempts
-            backend.init_connection()
+            if backend.connection is None:
+                backend.failure_time = 0  # this check replaces LMCache's wait between attempts
+                backend.init_connection()
             if backend.connection is None:
                 _count("reconnect")
                 left += 1
-            else:
-                down = time.monotonic() - self._down_since.pop(id(backend))
-                logger.info("lmcache-ascend: remote store %s connected (was unavailable for %.0f s)",
-                            getattr(backend, "remote_url", "?"), down)
+                continue
+            with _lock:
+                _DOWN_AT_START.discard(self._url(backend))
+            down = time.monotonic() - self._down_since.pop(id(backend))
+            logger.info("lmcache-ascend: remote store %s connected (was unavailable for %.0f s)",
+                        self._url(backend), down)
         return left
 
     def _run(self) -> None:
