@@ -99,43 +99,38 @@ def _to_names(key: str) -> Callable[[Any], tuple[str, ...]]:
 
 # Longest model identity accepted: an identifier, not a document.
 MAX_IDENTITY_CHARS = 256
-
-
-def _to_identity(key: str) -> Callable[[Any], str]:
-    def convert(value: Any) -> str:
-        if value is None:
-            return ""
-        if not isinstance(value, str):
-            raise ConfigValueError(f"config key {key!r}: invalid value {value!r}; valid: a string")
-        text = value.strip()
-        if len(text) > MAX_IDENTITY_CHARS or not text.isprintable():
-            raise ConfigValueError(
-                f"config key {key!r}: invalid value {value[:40]!r}...; valid: at most "
-                f"{MAX_IDENTITY_CHARS} printable characters"
-            )
-        return text
-
-    return convert
-
-
 # Longest path accepted for a file setting.
 MAX_PATH_CHARS = 4096
 
 
-def _to_path(key: str) -> Callable[[Any], str]:
+def _to_text(key: str, what: str, max_chars: int, echo: bool) -> Callable[[Any], str]:
+    """A printable string of at most ``max_chars`` (None: empty). ``echo``:
+    whether an error may quote the value (not for a path to a secret)."""
+
     def convert(value: Any) -> str:
         if value is None:
             return ""
+        shown = f"{value!r}" if echo else f"of type {type(value).__name__}"
         if not isinstance(value, str):
-            raise ConfigValueError(f"config key {key!r}: invalid value of type {type(value).__name__}; valid: a path")
+            raise ConfigValueError(f"config key {key!r}: invalid value {shown}; valid: {what}")
         text = value.strip()
-        if len(text) > MAX_PATH_CHARS or not text.isprintable():
+        if len(text) > max_chars or not text.isprintable():
+            shown = f"{value[:40]!r}..." if echo else ""
             raise ConfigValueError(
-                f"config key {key!r}: invalid value; valid: a path of at most {MAX_PATH_CHARS} printable characters"
+                f"config key {key!r}: invalid value {shown}; valid: {what} of at most {max_chars} "
+                "printable characters".replace("value ;", "value;")
             )
         return text
 
     return convert
+
+
+def _to_identity(key: str) -> Callable[[Any], str]:
+    return _to_text(key, "a string", MAX_IDENTITY_CHARS, echo=True)
+
+
+def _to_path(key: str) -> Callable[[Any], str]:
+    return _to_text(key, "a path", MAX_PATH_CHARS, echo=False)
 
 
 @dataclass(frozen=True)
