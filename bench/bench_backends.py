@@ -44,7 +44,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
+sys.path.insert(0, str(ROOT / "tests" / "support"))
 from mooncake_server import MooncakeStore  # noqa: E402
 from redis_server import RedisServer  # noqa: E402
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 

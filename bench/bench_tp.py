@@ -46,7 +46,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario  # noqa: E402

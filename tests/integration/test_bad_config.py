@@ -28,7 +28,6 @@ from typing import Any, Optional
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 PROBE_TIMEOUT_S = 400
 CHUNK = 256

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -36,8 +34,7 @@ from faults import (
     run_engine_process,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import RedisServer, ensure_redis_server  # noqa: E402
+from redis_server import RedisServer, ensure_redis_server
 
 pytestmark = pytest.mark.engine
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -33,8 +32,7 @@ from lmcache_ascend.cli.tiny_models import SPECS, build_tiny_lora, build_tiny_mo
 
 from .conftest import MODEL_CACHE, run_engine_in, run_reference_in
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import RedisServer  # noqa: E402
+from redis_server import RedisServer
 
 pytestmark = pytest.mark.engine
 

@@ -21,9 +21,7 @@ its key, and the next requests must not pay for it again.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -40,9 +38,8 @@ from faults import (
     run_engine_process,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import RedisServer, ensure_redis_server  # noqa: E402
-from test_redis_sharing import _find_base, _rewrite_metadata_smaller, chunk_hashes, engine_env  # noqa: E402
+from redis_server import RedisServer, ensure_redis_server
+from .test_redis_sharing import _find_base, _rewrite_metadata_smaller, chunk_hashes, engine_env
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 

@@ -33,8 +33,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mooncake_server import free_port, mooncake_bin  # noqa: E402
+from mooncake_server import free_port, mooncake_bin
 
 # Marked like test_mooncake.py. It starts no vLLM engine, but `engine` keeps
 # it off the compatibility stacks (Makefile: "not engine or compat"), whose

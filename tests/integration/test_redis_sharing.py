@@ -27,9 +27,7 @@ from __future__ import annotations
 
 import re
 import struct
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -47,8 +45,7 @@ from faults import (  # noqa: F401 - chunk_hashes is used by other modules throu
     run_engine_process,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import RedisServer, ensure_redis_server  # noqa: E402
+from redis_server import RedisServer, ensure_redis_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 

@@ -23,8 +23,8 @@ from lmcache_ascend.lmcache_bridge.remote_pool import RECONNECT_S
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 
 from faults import CHUNK, run_engine_process
-from .mooncake_server import MooncakeStore, free_port
-from .redis_server import RedisServer, ensure_redis_server
+from mooncake_server import MooncakeStore, free_port
+from redis_server import RedisServer, ensure_redis_server
 
 from .test_mooncake import _hits, _run
 

@@ -42,8 +42,7 @@ import pytest
 from lmcache_ascend.cli.engine_run import CONNECTOR_MODULE
 from lmcache_ascend.cli.tiny_models import token_prompt
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import free_port  # noqa: E402
+from redis_server import free_port
 
 pytestmark = pytest.mark.engine
 

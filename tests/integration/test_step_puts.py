@@ -13,10 +13,8 @@ reference the hand-off took."""
 from __future__ import annotations
 
 import logging
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 import torch
@@ -28,8 +26,7 @@ from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, Transfer
 from lmcache_ascend.lmcache_bridge.engine import EngineSpec, WorkerEngine
 from lmcache_ascend.planning.groups import ChunkRequest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import RedisServer, ensure_redis_server  # noqa: E402
+from redis_server import RedisServer, ensure_redis_server
 
 CHUNK = 16
 CHUNK_BYTES = 4096

@@ -26,8 +26,6 @@ share one Redis (``test_mla_cache_shared_across_tp_sizes``).
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -39,8 +37,7 @@ from faults import faulty_transfer_config
 
 from .conftest import run_engine_in
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from redis_server import RedisServer, ensure_redis_server  # noqa: E402
+from redis_server import RedisServer, ensure_redis_server
 
 pytestmark = pytest.mark.engine
 
