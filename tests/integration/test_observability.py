@@ -63,6 +63,9 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
         "--model", model, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
         "--kv-transfer-config", json.dumps(CONNECTOR),
+        # vLLM's drain mode on SIGTERM, as README advises for a remote pool:
+        # the engine processes end by themselves, so the connector closes.
+        "--shutdown-timeout", "15",
     ]
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -113,11 +116,23 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
             rc = None
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+    # The engine's worker process may end after the server (vLLM does not
+    # wait for it in drain mode): wait for the whole process group.
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
     log = log_path.read_text(errors="replace")
-    # It exits by itself, cleanly, within the grace. (vLLM 0.32 stops its
-    # engine processes at once on SIGTERM, `mode=abort timeout=0s`: what they
-    # had not stored is not stored; docs/reliability.md.)
+    # It exits by itself, cleanly, within the grace, and the connector in the
+    # worker closed its LMCache engine on the way (pending puts handed first).
+    # Without --shutdown-timeout vLLM 0.32 kills its engine processes at once
+    # on SIGTERM (mode=abort timeout=0s) and the connector gets no close.
     assert rc == 0, f"exit code {rc} after SIGTERM (None: still alive after 60 s): " + log[-3000:]
+    assert "mode=drain" in log and "force killing" not in log, log[-3000:]
+    assert re.search(r"LMCacheEngine instance lmcache-ascend-\S+ destroyed", log), log[-3000:]
     lines = re.findall(r"request \S+: hit (\d+) tokens \(vLLM had (\d+)\), loaded (\d+) tokens", log)
     assert [int(x[2]) for x in lines].count(3 * CHUNK) == 1, lines
 
