@@ -115,10 +115,9 @@ def _to_text(key: str, what: str, max_chars: int, echo: bool) -> Callable[[Any],
             raise ConfigValueError(f"config key {key!r}: invalid value {shown}; valid: {what}")
         text = value.strip()
         if len(text) > max_chars or not text.isprintable():
-            shown = f"{value[:40]!r}..." if echo else ""
+            shown = f" {value[:40]!r}..." if echo else ""
             raise ConfigValueError(
-                f"config key {key!r}: invalid value {shown}; valid: {what} of at most {max_chars} "
-                "printable characters".replace("value ;", "value;")
+                f"config key {key!r}: invalid value{shown}; valid: {what} of at most {max_chars} printable characters"
             )
         return text
 

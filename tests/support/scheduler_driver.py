@@ -225,18 +225,7 @@ class Engine:
                 cached.new_block_ids.append(tuple(new))
             cached.num_computed_tokens.append(computed)
             cached.num_output_tokens.append(req.num_output_tokens)
-        out = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=dict(sched),
-            total_num_scheduled_tokens=sum(sched.values()),
-            scheduled_spec_decode_tokens={},
-            scheduled_encoder_inputs={},
-            finished_req_ids=set(self.finished),
-            free_encoder_mm_hashes=[],
-            preempted_req_ids=set(self.preempted),
-            num_common_prefix_blocks=[],  # required before vLLM 0.32
-        )
+        out = scheduler_output(new_reqs, cached, sched, self.finished, self.preempted)
         self.finished.clear()
         self.preempted.clear()
         transfers = self.half.build(step_view(out))
@@ -278,3 +267,20 @@ def prefill(eng: Engine, req_id: str, budget: int) -> list[dict]:
     while req.num_computed_tokens < req.num_tokens:
         steps.append(eng.step({req_id: min(budget, req.num_tokens - req.num_computed_tokens)}))
     return steps
+
+
+def scheduler_output(new_reqs, cached, sched: dict[str, int], finished, preempted) -> SchedulerOutput:
+    """vLLM's SchedulerOutput of one step: the new and cached requests, the
+    tokens scheduled per request, the finished and preempted ids."""
+    return SchedulerOutput(
+        scheduled_new_reqs=new_reqs,
+        scheduled_cached_reqs=cached,
+        num_scheduled_tokens=dict(sched),
+        total_num_scheduled_tokens=sum(sched.values()),
+        scheduled_spec_decode_tokens={},
+        scheduled_encoder_inputs={},
+        finished_req_ids=set(finished),
+        free_encoder_mm_hashes=[],
+        preempted_req_ids=set(preempted),
+        num_common_prefix_blocks=[],  # required before vLLM 0.32
+    )

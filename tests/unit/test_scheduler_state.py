@@ -31,6 +31,8 @@ from lmcache_ascend.integration.vllm.vllm_keys import request_view
 from lmcache_ascend.integration.vllm.vllm_layout import step_view
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, GroupKind, SchedulerGroup
 
+from scheduler_driver import scheduler_output  # noqa: E402
+
 B = 384
 MARKS = tuple([-21] + [-2] * (3 * B - 1))  # three snapshot pieces
 STATE_GROUPS = (0, 1, 2)
@@ -152,18 +154,7 @@ class AlignEngine:
             cached.new_block_ids.append(tuple(new) if any(new) else None)
             cached.num_computed_tokens.append(req.num_computed_tokens)
             cached.num_output_tokens.append(req.num_output_tokens)
-        out = SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached,
-            num_scheduled_tokens=dict(sched),
-            total_num_scheduled_tokens=sum(sched.values()),
-            scheduled_spec_decode_tokens={},
-            scheduled_encoder_inputs={},
-            finished_req_ids=set(self.finished),
-            free_encoder_mm_hashes=[],
-            preempted_req_ids=set(),
-            num_common_prefix_blocks=[],
-        )
+        out = scheduler_output(new_reqs, cached, sched, self.finished, ())
         self.finished.clear()
         transfers = self.half.build(step_view(out))
         for lookup_id in transfers.unpin_lookup_ids:
