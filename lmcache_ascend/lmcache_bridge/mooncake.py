@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
 
 from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
+from lmcache_ascend.lmcache_bridge.remote_pool import unreachable as _connect
 
 if TYPE_CHECKING:
     from lmcache.v1.config import LMCacheEngineConfig
@@ -75,7 +76,6 @@ LEGACY_FORWARDED = (
 # that does what was meant.
 RENAMED = {"master_server_address": "master_server_addr", "device_name": "rdma_devices"}
 REQUIRED = ("master_server_addr", "metadata_server", "local_hostname")
-CONNECT_TIMEOUT_S = 2.0
 PROBE_TIMEOUT_S = 20.0
 PROBE_BYTES = 4096
 
@@ -160,13 +160,6 @@ def check_keys(raw: Mapping[str, Any], source: str) -> None:
                 f"{source} 'mooncake_{key}'={setup[key]!r} is not valid; it must be a number of bytes >= 0"
             ) from None
 
-
-def _connect(host: str, port: int) -> str | None:
-    try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S):
-            return None
-    except OSError as e:
-        return f"{type(e).__name__}: {e}"
 
 
 def _host_port(addr: str, key: str, source: str) -> tuple[str, int]:
