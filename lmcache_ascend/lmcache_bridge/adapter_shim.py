@@ -155,8 +155,12 @@ def patch_v1_adapter(module: Any) -> None:
     cls = module.LMCacheConnectorV1Impl
     if getattr(cls, "_lmcache_ascend_patched", False):
         return
+    from lmcache_ascend.lmcache_bridge import credentials
     from lmcache_ascend.lmcache_bridge.config import register_config_keys
 
+    # The adapter reads and prints LMCache's configuration (remote_url with
+    # its password) when vLLM constructs it: mask it from then on.
+    credentials.install()
     register_config_keys()
     _patch_gpu_connector_factory()
     apply_extra = cls._apply_extra_config

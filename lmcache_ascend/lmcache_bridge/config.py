@@ -97,9 +97,14 @@ def apply_extra_config(config: "LMCacheEngineConfig", extra: Mapping[str, Any] |
         return
     from lmcache.v1.config_base import validate_and_set_config_value
 
+    from lmcache_ascend.lmcache_bridge import credentials
+
     known = set(config._config_definitions)  # type: ignore[attr-defined]
     for raw_key, value in extra.items():
         key = raw_key[len("lmcache.") :] if raw_key.startswith("lmcache.") else raw_key
+        if key == "remote_url" and credentials.url_password(value):
+            credentials.register([credentials.url_password(value)])
+            _warn_password_in_args(raw_key)
         if key not in known:
             close = sorted(k for k in known if k.split("_")[0] == key.split("_")[0])
             raise ExtraConfigError(
@@ -120,6 +125,22 @@ def apply_extra_config(config: "LMCacheEngineConfig", extra: Mapping[str, Any] |
             )
 
 
+_warned_args: set[str] = set()
+
+
+def _warn_password_in_args(raw_key: str) -> None:
+    # Our logs mask it; the command line (ps) and vLLM's own "non-default
+    # args" line, printed before any connector runs, do not.
+    if raw_key in _warned_args:
+        return
+    _warned_args.add(raw_key)
+    logger.warning(
+        "lmcache-ascend: kv_connector_extra_config %r carries a password. It is masked in this "
+        "connector's and LMCache's logs, but vLLM prints its arguments and the process list shows "
+        "them: put remote_url in LMCache's config file (LMCACHE_CONFIG_FILE) or the "
+        "LMCACHE_REMOTE_URL environment variable instead (docs/security.md)", raw_key)
+
+
 VALID_HASHES = ("sha256", "sha256_cbor", "xxhash", "xxhash_cbor", "builtin")
 VALID_SERDES = ("naive",)
 
@@ -131,6 +152,9 @@ def _is_bool_word(value: Any) -> bool:
 def validate_engine_config(config: "LMCacheEngineConfig", environ: Mapping[str, str]) -> None:
     """Refuse values LMCache 0.5.6 accepts silently or fails on obscurely
     (some of them after starting a thread that keeps the process alive)."""
+    from lmcache_ascend.lmcache_bridge import credentials
+
+    credentials.register_config(config, environ)
     defs = config._config_definitions  # type: ignore[attr-defined]
     for key, spec in defs.items():
         env_name = "LMCACHE_" + key.upper()

@@ -54,6 +54,10 @@ def attach_logging() -> None:
             return
         from lmcache.logging import init_logger
 
+        from lmcache_ascend.lmcache_bridge import credentials
+
+        # Before LMCache reads and prints its configuration (remote_url).
+        credentials.install()
         init_logger("lmcache_ascend")
         # LMCache advice and errors that do not apply under this connector.
         from lmcache_ascend.lmcache_bridge import log_filters

@@ -13,6 +13,13 @@ What happens where:
   ERROR naming the backend and the reason, counted (``remote_unavailable``),
   and the engine starts, unless ``ascend_require_remote`` is true, which
   keeps the strict behaviour (startup stops, naming the key).
+* Redis (``redis://``, ``rediss://``) is also asked for a PING with the
+  URL's credentials and TLS settings, as LMCache's connector will connect
+  (redis-py, :func:`redis_refusal`): a wrong or missing password, or a
+  server certificate the client does not trust, is a misconfiguration and
+  stops startup naming ``remote_url`` (its password masked); it would
+  otherwise fail every lookup and store for the engine's life, each time
+  only as a miss.
 * While it runs (:class:`Reconnector`): LMCache's ``RemoteBackend`` keeps no
   connection when creating its connector raised (Mooncake with its master
   down), and only LMCache's health monitor, which this connector does not
@@ -36,6 +43,8 @@ import time
 from collections import Counter
 from typing import Any, Optional
 from urllib.parse import urlparse
+
+from lmcache_ascend.lmcache_bridge.credentials import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +104,64 @@ def unreachable(host: str, port: int) -> Optional[str]:
         return f"{type(e).__name__}: {e}"
 
 
+_REDIS_SCHEMES = ("redis", "rediss")
+
+
+def _ssl_failure(error: BaseException) -> Optional[BaseException]:
+    import ssl
+
+    seen = 0
+    e: Optional[BaseException] = error
+    while e is not None and seen < 8:
+        if isinstance(e, ssl.SSLError):
+            return e
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return None
+
+
+def redis_refusal(remote_url: str) -> Optional[str]:
+    """Connect to Redis as LMCache's connector will (redis-py, the URL's
+    credentials and TLS options) and PING. Returns None when it answers;
+    raises ``ValueError`` where the server refuses the credentials or the
+    TLS handshake fails (misconfiguration); returns the reason where nothing
+    answers (the caller treats that as an outage)."""
+    import redis
+
+    url = redact_url(remote_url)
+    try:
+        client = redis.Redis.from_url(
+            remote_url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=CONNECT_TIMEOUT_S)
+    except ValueError as e:
+        raise ValueError(f"remote_url={url!r} is not a valid Redis URL: {redact_url(e)}") from None
+    try:
+        client.ping()
+        return None
+    except redis.exceptions.AuthenticationError as e:
+        why = redact_url(e) or type(e).__name__
+    except redis.exceptions.ResponseError as e:
+        # Older redis-py raises NOAUTH/WRONGPASS as a plain ResponseError.
+        if not any(w in str(e) for w in ("NOAUTH", "WRONGPASS", "invalid password", "invalid username")):
+            raise ValueError(f"remote_url={url!r}: Redis answered PING with an error: {redact_url(e)}") from None
+        why = redact_url(e)
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, OSError) as e:
+        tls = _ssl_failure(e)
+        if tls is not None:
+            raise ValueError(
+                f"remote_url={url!r}: the TLS handshake with Redis failed ({redact_url(tls)}). Check that the "
+                "server's certificate is signed by the CA the URL names (rediss://...?ssl_ca_certs=/path/ca.crt) "
+                "and issued for the host in the URL"
+            ) from None
+        return f"{type(e).__name__}: {redact_url(e)}"
+    finally:
+        client.close()
+    raise ValueError(
+        f"remote_url={url!r}: Redis refused the credentials ({why}). Give the user and password in "
+        "remote_url as redis://USER:PASSWORD@host:port (rediss:// for TLS; USER 'default' with "
+        "requirepass), in LMCache's config file or the LMCACHE_REMOTE_URL environment variable"
+    )
+
+
 def check_at_startup(config: Any, environ: Any, require_remote: bool) -> None:
     """The remote store's startup check: misconfiguration raises (from the
     backend's check); an unavailable store raises only with
@@ -111,7 +178,13 @@ def check_at_startup(config: Any, environ: Any, require_remote: bool) -> None:
             why = unreachable(*target) if target is not None else None
             if why:
                 raise PoolUnavailableError(
-                    f"remote_url={config.remote_url!r}", f"nothing accepts connections at {target[0]}:{target[1]} ({why})")
+                    f"remote_url={redact_url(config.remote_url)!r}",
+                    f"nothing accepts connections at {target[0]}:{target[1]} ({why})")
+            if urlparse(str(config.remote_url)).scheme in _REDIS_SCHEMES:
+                why = redis_refusal(str(config.remote_url))
+                if why:
+                    raise PoolUnavailableError(
+                        f"remote_url={redact_url(config.remote_url)!r}", f"Redis does not answer ({why})")
     except PoolUnavailableError as e:
         if require_remote:
             raise ValueError(
@@ -197,7 +270,7 @@ class Reconnector:
                 _DOWN_AT_START.discard(self._url(backend))
             down = time.monotonic() - self._down_since.pop(id(backend))
             logger.info("lmcache-ascend: remote store %s connected (was unavailable for %.0f s)",
-                        self._url(backend), down)
+                        redact_url(self._url(backend)), down)
         return left
 
     def _run(self) -> None:

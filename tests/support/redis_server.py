@@ -1,5 +1,9 @@
 """A real ``redis-server`` for tests: started on 127.0.0.1 on a free port,
-stopped by PID, never persisted (``--save "" --appendonly no``).
+stopped by PID, never persisted (``--save "" --appendonly no``). With
+``password`` it requires it (``--requirepass``, the ``default`` user); with
+``tls`` it serves TLS only (``--tls-port``, ``--port 0``) with a CA and a
+server certificate for 127.0.0.1 that :func:`make_tls_files` generates with
+the ``openssl`` command.
 
 If ``redis-server`` is not on PATH, :func:`ensure_redis_server` installs it
 with ``apt-get`` (``apt-get update`` first) where that is possible, and the
@@ -16,9 +20,11 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional, Union
 
 START_TIMEOUT_S = 20.0
@@ -48,6 +54,40 @@ def ensure_redis_server() -> Optional[str]:
     return shutil.which("redis-server")
 
 
+@dataclass(frozen=True)
+class TlsFiles:
+    ca_cert: Path
+    cert: Path
+    key: Path
+
+
+def make_tls_files(workdir: Path) -> TlsFiles:
+    """A throwaway CA and a server certificate signed by it, valid for
+    127.0.0.1 and localhost (what a client that checks hostnames needs)."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    exe = shutil.which("openssl")
+    if exe is None:
+        raise FileNotFoundError("the openssl command is needed to make test certificates")
+    ca_key, ca_cert = workdir / "ca.key", workdir / "ca.crt"
+    key, csr, cert = workdir / "server.key", workdir / "server.csr", workdir / "server.crt"
+    ext = workdir / "server.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def run(*args: str) -> None:
+        subprocess.run([exe, *args], check=True, cwd=workdir, timeout=60,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=lmca-test-ca",
+        "-keyout", str(ca_key), "-out", str(ca_cert))
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1", "-keyout", str(key), "-out", str(csr))
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca_cert), "-CAkey", str(ca_key), "-CAcreateserial",
+        "-days", "2", "-extfile", str(ext), "-out", str(cert))
+    for secret in (ca_key, key):
+        secret.chmod(0o600)
+    return TlsFiles(ca_cert, cert, key)
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -66,9 +106,15 @@ class RespError(RuntimeError):
 class RespClient:
     """Blocking RESP2 client for one connection (test use only)."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0) -> None:
-        self._sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, port: int, host: str = "127.0.0.1", timeout: float = 10.0,
+                 password: Optional[str] = None, ca_cert: Optional[Path] = None) -> None:
+        sock = socket.create_connection((host, port), timeout=timeout)
+        if ca_cert is not None:
+            sock = ssl.create_default_context(cafile=str(ca_cert)).wrap_socket(sock, server_hostname=host)
+        self._sock = sock
         self._buf = b""
+        if password is not None:
+            self.command("AUTH", password)
 
     def close(self) -> None:
         self._sock.close()
@@ -142,15 +188,23 @@ class RespClient:
 class RedisServer:
     """One ``redis-server`` process on 127.0.0.1; use as a context manager."""
 
-    def __init__(self, workdir: Path, port: Optional[int] = None) -> None:
+    def __init__(self, workdir: Path, port: Optional[int] = None, password: Optional[str] = None,
+                 tls: bool = False) -> None:
         self.workdir = Path(workdir)
         self.port = port or free_port()
+        self.password = password
+        self.tls: Optional[TlsFiles] = make_tls_files(self.workdir / f"tls-{self.port}") if tls else None
         self.proc: Optional[subprocess.Popen] = None
         self.log_path = self.workdir / f"redis-{self.port}.log"
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
+        """The URL LMCache's Redis connector (redis-py) takes: credentials of
+        the ``default`` user in it, the CA as redis-py's ``ssl_ca_certs``."""
+        auth = f"default:{self.password}@" if self.password is not None else ""
+        if self.tls is None:
+            return f"redis://{auth}127.0.0.1:{self.port}"
+        return f"rediss://{auth}127.0.0.1:{self.port}?ssl_ca_certs={self.tls.ca_cert}"
 
     @property
     def pid(self) -> int:
@@ -162,10 +216,17 @@ class RedisServer:
         if exe is None:
             raise FileNotFoundError("redis-server is not installed and could not be installed")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        listen = ["--port", str(self.port)]
+        if self.tls is not None:
+            listen = ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls.cert),
+                      "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca_cert),
+                      "--tls-auth-clients", "no"]
+        if self.password is not None:
+            listen += ["--requirepass", self.password]
         self.proc = subprocess.Popen(
             [
                 exe,
-                "--port", str(self.port),
+                *listen,
                 "--bind", "127.0.0.1",
                 "--save", "",
                 "--appendonly", "no",
@@ -185,7 +246,7 @@ class RedisServer:
                     + (self.log_path.read_text(errors="replace") if self.log_path.exists() else "")
                 )
             try:
-                with RespClient(self.port, timeout=1.0) as c:
+                with self.client(timeout=1.0) as c:
                     if c.command("PING") == "PONG":
                         return self
             except (OSError, RespError):
@@ -193,8 +254,9 @@ class RedisServer:
         self.stop()
         raise TimeoutError(f"redis-server on port {self.port} did not answer PING")
 
-    def client(self) -> RespClient:
-        return RespClient(self.port)
+    def client(self, timeout: float = 10.0) -> RespClient:
+        return RespClient(self.port, timeout=timeout, password=self.password,
+                          ca_cert=self.tls.ca_cert if self.tls else None)
 
     def kill(self) -> None:
         """SIGKILL by PID: the abrupt outage a crashed server causes."""

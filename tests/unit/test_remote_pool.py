@@ -67,15 +67,25 @@ def test_the_key_is_read_from_lmcaches_config(monkeypatch):
     validate_engine_config(cfg, {})  # starts: the ERROR is the test above
 
 
-def test_a_reachable_store_passes_silently(caplog):
+def test_a_reachable_store_passes_silently(caplog, tmp_path):
+    from redis_server import RedisServer, ensure_redis_server
+
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
+    with RedisServer(tmp_path) as server:
+        before = remote_pool.unavailable_count()
+        with caplog.at_level(logging.ERROR, logger=remote_pool.__name__):
+            remote_pool.check_at_startup(_config(remote_url=server.url), {}, require_remote=True)
+    assert not caplog.records and remote_pool.unavailable_count() == before
+
+
+def test_a_port_that_accepts_but_does_not_speak_redis_is_an_outage(caplog):
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
         url = f"redis://127.0.0.1:{server.getsockname()[1]}"
-        before = remote_pool.unavailable_count()
-        with caplog.at_level(logging.ERROR, logger=remote_pool.__name__):
+        with pytest.raises(ValueError, match="Redis does not answer.*ascend_require_remote: true"):
             remote_pool.check_at_startup(_config(remote_url=url), {}, require_remote=True)
-    assert not caplog.records and remote_pool.unavailable_count() == before
 
 
 def test_mooncake_misconfiguration_still_stops_startup():
