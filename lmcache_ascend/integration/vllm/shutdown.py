@@ -45,3 +45,25 @@ def close_before_thread_join(owner: Any, close: Callable[[Any], Any]) -> bool:
     except RuntimeError:  # the interpreter is already shutting down
         return False
     return True
+
+
+SHUTDOWN_ADVICE = (
+    "lmcache-ascend: vLLM's shutdown_timeout is 0 (its default, abort mode) and this connector "
+    "writes to %s: on SIGTERM vLLM ends the engine processes without draining (vLLM 0.32 kills "
+    "them at once), so chunks still being written there are lost, uncounted (their prompts are "
+    "computed again on a later miss; no output changes). Serve with --shutdown-timeout 15 to let "
+    "the connector finish its writes and close (README, 'Shutdown is bounded')"
+)
+
+
+def advise_drain(vllm_config: Any, shared_store: str) -> bool:
+    """Say once, at startup, that vLLM's default shutdown loses the writes
+    in flight to ``shared_store`` (disk or remote; nothing where it is
+    empty), and how to keep them. A killed process cannot count what it
+    lost, so this line is the only account of it. Returns whether it was
+    logged."""
+    timeout = getattr(vllm_config, "shutdown_timeout", None)
+    if not shared_store or timeout is None or int(timeout) != 0:
+        return False
+    logger.info(SHUTDOWN_ADVICE, shared_store)
+    return True

@@ -195,8 +195,15 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
     from lmcache_ascend.integration.vllm.scheduler import StateHits
     from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
 
+    from lmcache_ascend.integration.vllm.shutdown import advise_drain
+    from lmcache_ascend.lmcache_bridge.credentials import redact_url
+
     setup = load_setup(vllm_config, kv_cache_config)
     vllm_layout.ensure_recompute_on_load_failure(vllm_config)
+    cfg = setup.lmcache_config
+    advise_drain(vllm_config, " and ".join(
+        ([f"the remote store {redact_url(cfg.remote_url)}"] if cfg.remote_url else [])
+        + ([f"the local disk {cfg.local_disk}"] if cfg.local_disk else [])))
     blockers, refusal = hit_blockers(setup)
     state = None
     if setup.snapshot is not None and setup.state_gate is not None:
