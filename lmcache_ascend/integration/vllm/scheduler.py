@@ -133,14 +133,17 @@ class SchedulerHalf:
         state: Optional[StateHits] = None,
         refusal: Optional[str] = None,
         refuse_all: Optional[Refusal] = None,
+        before_admission: Optional[Callable[[], None]] = None,
     ) -> None:
         """``agreement``: what this half planned with; shipped with every step
         so the worker can refuse transfers planned under another one.
         ``state``: Mamba state groups whose state is stored and loaded at
         step-end chunk boundaries. ``refusal``: the one line to log when
         ``hit_blockers`` refuse hits (default: a generic one). ``refuse_all``:
-        why no request can be keyed (the model's identity is unknown)."""
+        why no request can be keyed (the model's identity is unknown).
+        ``before_admission``: run before every lookup (``align_repair``)."""
         self.refuse_all = refuse_all
+        self._before_admission = before_admission
         self.groups = tuple(groups)
         self.chunk_size = chunk_size
         self._lookup = lookup
@@ -227,6 +230,8 @@ class SchedulerHalf:
     def get_num_new_matched_tokens(
         self, view: RequestView, num_computed_tokens: int
     ) -> tuple[int, bool]:
+        if self._before_admission is not None:
+            self._before_admission()
         if self._refuse(view):
             self._requests.pop(view.req_id, None)
             return 0, False

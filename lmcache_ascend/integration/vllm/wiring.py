@@ -206,9 +206,13 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
         + ([f"the local disk {cfg.local_disk}"] if cfg.local_disk else [])))
     blockers, refusal = hit_blockers(setup)
     state = None
+    guard = None
     if setup.snapshot is not None and setup.state_gate is not None:
+        from lmcache_ascend.integration.vllm.align_repair import AlignBlockSize
+
         gate = setup.state_gate
         state = StateHits(gate.groups, gate.block_size, setup.snapshot.marks())
+        guard = AlignBlockSize(vllm_config.cache_config, gate.block_size)
         vllm_layout.keep_admission_blocks_free(vllm_config, kv_cache_config, len(gate.groups))
         logger.info(
             "lmcache-ascend: Mamba/GDN state hits on (vLLM align mode, block %d tokens): state "
@@ -226,6 +230,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
         state=state,
         refusal=refusal,
         refuse_all=setup.model_refusal,
+        before_admission=guard,
     )
     logger.info(
         "lmcache-ascend scheduler: %d KV cache group(s) %s, chunk %d tokens (plan %s)",
