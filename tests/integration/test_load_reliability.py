@@ -30,6 +30,7 @@ from lmcache_ascend.cli.tiny_models import token_prompt
 from faults import (
     CHUNK,
     EngineProcess,
+    chunk_hashes,
     faulty_transfer_config,
     mismatch,
     reference_outputs,
@@ -39,7 +40,7 @@ from faults import (
 )
 
 from redis_server import RedisServer, ensure_redis_server
-from .test_redis_sharing import _find_base, _rewrite_metadata_smaller, chunk_hashes, engine_env
+from redis_entries import chunk_base, redis_engine_env, rewrite_metadata_smaller
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
@@ -87,7 +88,7 @@ def _damage(server: RedisServer, bases: dict[str, list[bytes]]) -> None:
             elif what == "truncate":
                 c.set(base + b"kv_bytes", val[: len(val) // 2])
             elif what == "shrink":
-                md, new_len = _rewrite_metadata_smaller(c.get(base + b"metadata"), len(val) // 2)
+                md, new_len = rewrite_metadata_smaller(c.get(base + b"metadata"), len(val) // 2)
                 c.set(base + b"metadata", md)
                 c.set(base + b"kv_bytes", val[:new_len])
             elif what == "nonsense":
@@ -112,7 +113,7 @@ def gemma3(tmp_path_factory, tiny_model) -> Run:
     ref = reference_outputs(model, work)
     prompts = reliability_prompts()
     with RedisServer(work) as server:
-        env = engine_env(server.url)
+        env = redis_engine_env(server.url)
         a = run_engine_process(
             Scenario(model=model, phases=[Phase("store", [prompts[n] for n in STORED], sequential=True)]),
             work, "engine_a", env=env, timeout_s=300,
@@ -120,7 +121,7 @@ def gemma3(tmp_path_factory, tiny_model) -> Run:
         assert a.results is not None, "engine A failed:\n" + a.log[-6000:]
         with server.client() as c:
             keys = c.keys()
-        bases = {n: [_find_base(keys, h) for h in chunk_hashes(prompts[n])] for n in STORED}
+        bases = {n: [chunk_base(keys, h) for h in chunk_hashes(prompts[n])] for n in STORED}
         _damage(server, bases)
         first_between = len(LOAD) + 1  # the scheduler's lookups are numbered from 1
         b = run_engine_process(

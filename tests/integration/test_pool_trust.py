@@ -29,16 +29,9 @@ import pytest
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
-from faults import (
-    CHUNK,
-    EngineProcess,
-    chunk_hashes,
-    mismatch,
-    reference_outputs,
-    reliability_prompts,
-    request_transfers,
-    run_engine_process,
-)
+import faults
+from faults import CHUNK, EngineProcess
+from redis_entries import chunk_base, redis_engine_env
 from redis_server import RedisServer, ensure_redis_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -53,17 +46,7 @@ TRAILER = 24  # chunk_io.TRAILER_BYTES: [tag 16][crc 4][magic 4]
 
 
 def engine_env(url: str, secret: bool) -> dict[str, str]:
-    env = {
-        "LMCACHE_REMOTE_URL": url,
-        "LMCACHE_REMOTE_SERDE": "naive",
-        "LMCACHE_LOCAL_CPU": "True",
-        "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5",
-        "LMCACHE_CHUNK_SIZE": str(CHUNK),
-        "LMCACHE_LOOKUP_TIMEOUT_MS": "10000",
-    }
-    if secret:
-        env["LMCACHE_ASCEND_POOL_SECRET"] = SECRET
-    return env
+    return redis_engine_env(url, **({"LMCACHE_ASCEND_POOL_SECRET": SECRET} if secret else {}))
 
 
 @dataclass
@@ -74,12 +57,6 @@ class Trust:
     wrong: EngineProcess
     magics: dict[str, list[bytes]]  # prompt -> trailer magic of each chunk as stored
     ref: dict
-
-
-def _base(keys: list[bytes], hex_hash: str) -> bytes:
-    hits = [k[: -len(b"metadata")] for k in keys if k.endswith(b"metadata") and f"@{hex_hash}@".encode() in k]
-    assert len(hits) == 1, f"chunk {hex_hash}: expected one entry, found {hits}"
-    return hits[0]
 
 
 def _trailer_at(value: bytes) -> int:
@@ -98,7 +75,7 @@ def _forge(server: RedisServer, bases: dict[str, list[bytes]], prompts: dict[str
         end = _trailer_at(donor)
         payload = donor[:end]
         # E3 chunk 1: the checksum an engine without a secret writes.
-        ident = int(chunk_hashes(prompts["E3"])[1], 16)
+        ident = int(faults.chunk_hashes(prompts["E3"])[1], 16)
         crc = zlib.crc32(payload, zlib.crc32(str(ident).encode()))
         target = bases["E3"][1] + b"kv_bytes"
         own = c.get(target)
@@ -116,11 +93,11 @@ def trust(tmp_path_factory, tiny_model) -> Trust:
         pytest.skip("redis-server is not installed and could not be installed")
     model = tiny_model("llama")
     work = tmp_path_factory.mktemp("pool_trust")
-    ref = reference_outputs(model, work)
-    prompts = reliability_prompts()
+    ref = faults.reference_outputs(model, work)
+    prompts = faults.reliability_prompts()
 
     def store(tag: str, names: list[str], env: dict[str, str]) -> EngineProcess:
-        run = run_engine_process(
+        run = faults.run_engine_process(
             Scenario(model=model, phases=[Phase("store", [prompts[n] for n in names], sequential=True)]),
             work, tag, env=env, timeout_s=300)
         assert run.results is not None, f"engine {tag} failed:\n" + run.log[-6000:]
@@ -131,18 +108,18 @@ def trust(tmp_path_factory, tiny_model) -> Trust:
         a = store("engine_a", A_NAMES, engine_env(server.url, secret=True))
         with server.client() as c:
             keys = c.keys()
-            bases = {n: [_base(keys, h) for h in chunk_hashes(prompts[n])] for n in B_NAMES}
+            bases = {n: [chunk_base(keys, h) for h in faults.chunk_hashes(prompts[n])] for n in B_NAMES}
             magics = {n: [c.get(b + b"kv_bytes") for b in bases[n]] for n in B_NAMES}
         magics = {n: [v[_trailer_at(v) + TRAILER - 4:_trailer_at(v) + TRAILER] for v in vs] for n, vs in magics.items()}
         _forge(server, bases, prompts)
-        b = run_engine_process(
+        b = faults.run_engine_process(
             Scenario(model=model, phases=[
                 Phase("load", [prompts[n] for n in B_NAMES], sequential=True),
                 Phase("flush", [token_prompt(100, seed=998)], sequential=True),
             ]),
             work, "engine_b", env=engine_env(server.url, secret=True), timeout_s=300)
         wrong_url = server.url.replace(PASSWORD, "wrong-" + PASSWORD[::-1])
-        wrong = run_engine_process(
+        wrong = faults.run_engine_process(
             Scenario(model=model, phases=[Phase("store", [prompts["E0"]], sequential=True)]),
             work, "engine_wrong_password", env=engine_env(wrong_url, secret=True), timeout_s=300)
     return Trust(w, a, b, wrong, magics, ref)
@@ -162,22 +139,22 @@ def test_writers_seal_as_configured(trust):
     assert all(m == [b"LMCK", b"LMCK"] for n, m in trust.magics.items() if n in W_NAMES), trust.magics
     assert all(m == [b"LMCM", b"LMCM"] for n, m in trust.magics.items() if n in A_NAMES), trust.magics
     for run in (trust.w, trust.a):
-        tr = request_transfers(run.log)
+        tr = faults.request_transfers(run.log)
         assert [tr[i].stored for i in range(len(tr))] == [FULL] * len(tr)
 
 
 def test_authenticated_tls_redis_is_shared_exactly(trust):
     b = _completions(trust.b, B_NAMES)
-    tr = request_transfers(trust.b.log)
+    tr = faults.request_transfers(trust.b.log)
     e2 = tr[B_NAMES.index("E2")]
     assert (e2.hit, e2.loaded, e2.load_error) == (FULL, FULL, False), e2
     assert b["E2"].num_cached_tokens >= FULL
     for name, comp in b.items():
-        assert mismatch(comp, trust.ref[name]) is None, (name, mismatch(comp, trust.ref[name]))
+        assert faults.mismatch(comp, trust.ref[name]) is None, (name, faults.mismatch(comp, trust.ref[name]))
 
 
 def test_entries_written_without_the_secret_are_not_loaded(trust):
-    tr = request_transfers(trust.b.log)
+    tr = faults.request_transfers(trust.b.log)
     for name in W_NAMES:
         t = tr[B_NAMES.index(name)]
         assert (t.hit, t.loaded) == (0, 0), (name, t)
@@ -186,7 +163,7 @@ def test_entries_written_without_the_secret_are_not_loaded(trust):
 
 
 def test_forged_entries_under_real_keys_are_refused(trust):
-    tr = request_transfers(trust.b.log)
+    tr = faults.request_transfers(trust.b.log)
     for name in ("E3", "E4"):
         t = tr[B_NAMES.index(name)]
         # Chunk 0 is A's and verifies; chunk 1 is the forgery.
@@ -195,7 +172,7 @@ def test_forged_entries_under_real_keys_are_refused(trust):
     assert any("MAC does not verify" in line for line in refused), refused
     b = _completions(trust.b, B_NAMES)
     for name in ("E3", "E4"):
-        assert mismatch(b[name], trust.ref[name]) is None, name
+        assert faults.mismatch(b[name], trust.ref[name]) is None, name
 
 
 def test_wrong_password_stops_startup_naming_the_setting(trust):

@@ -26,14 +26,13 @@ workload although LMCache 0.5.6's Redis close never returns.
 from __future__ import annotations
 
 import re
-import struct
 from dataclasses import dataclass
 
 import pytest
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
-from faults import (  # noqa: F401 - chunk_hashes is used by other modules through this one
+from faults import (
     CHUNK,
     MULTIPROCESS,
     EngineProcess,
@@ -45,6 +44,7 @@ from faults import (  # noqa: F401 - chunk_hashes is used by other modules throu
     run_engine_process,
 )
 
+from redis_entries import chunk_base, redis_engine_env, rewrite_metadata_smaller
 from redis_server import RedisServer, ensure_redis_server
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -53,19 +53,6 @@ NAMES = [f"S{i}" for i in range(6)]
 CHUNKS_PER_PROMPT = 3
 FULL = CHUNKS_PER_PROMPT * CHUNK
 EXIT_BOUND_S = 60.0  # start of the last phase -> process gone
-
-
-def engine_env(url: str) -> dict[str, str]:
-    return {
-        "LMCACHE_REMOTE_URL": url,
-        "LMCACHE_REMOTE_SERDE": "naive",
-        "LMCACHE_LOCAL_CPU": "True",
-        "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5",
-        "LMCACHE_CHUNK_SIZE": str(CHUNK),
-        # A slow lookup on a loaded machine must not become a miss here; a
-        # lookup LMCache never answers (see _unanswered) costs this much.
-        "LMCACHE_LOOKUP_TIMEOUT_MS": "10000",
-    }
 
 
 @dataclass
@@ -77,24 +64,6 @@ class Shared:
     chunk_keys: dict[str, list[bytes]]  # prompt -> base key of each chunk
     damage_log: list[str]
     ref: dict
-
-
-def _find_base(keys: list[bytes], hex_hash: str) -> bytes:
-    suffix = b"metadata"
-    hits = [k[: -len(suffix)] for k in keys if k.endswith(suffix) and f"@{hex_hash}@".encode() in k]
-    assert len(hits) == 1, f"chunk {hex_hash}: expected one metadata key, found {hits}"
-    return hits[0]
-
-
-def _rewrite_metadata_smaller(raw: bytes, new_length: int) -> tuple[bytes, int]:
-    """LMCache's RemoteMetadata (int32s: length, format, then dtype and a 4-D
-    shape per buffer; one buffer here) with the length and the last shape
-    dim shrunk, as a writer with a smaller chunk layout would produce."""
-    fields = list(struct.unpack_from("7i", raw))
-    rows = fields[3] * fields[4] * fields[5]
-    fields[6] = new_length // rows
-    fields[0] = rows * fields[6]
-    return struct.pack("7i", *fields) + raw[struct.calcsize("7i") :], fields[0]
 
 
 def _damage(server: RedisServer, chunk_keys: dict[str, list[bytes]]) -> list[str]:
@@ -114,7 +83,7 @@ def _damage(server: RedisServer, chunk_keys: dict[str, list[bytes]]) -> list[str
 
         base = chunk_keys["S3"][1]
         val = c.get(base + b"kv_bytes")
-        md, new_len = _rewrite_metadata_smaller(c.get(base + b"metadata"), len(val) // 2)
+        md, new_len = rewrite_metadata_smaller(c.get(base + b"metadata"), len(val) // 2)
         c.set(base + b"metadata", md)
         c.set(base + b"kv_bytes", val[:new_len])
         done.append(f"S3 chunk 1: truncated {len(val)} -> {new_len} bytes, metadata rewritten to match")
@@ -136,7 +105,7 @@ def shared(tmp_path_factory, tiny_model) -> Shared:
     ref = reference_outputs(model, work)
     prompts = reliability_prompts()
     with RedisServer(work) as server:
-        env = engine_env(server.url)
+        env = redis_engine_env(server.url)
         # A: vLLM's multiprocess engine core (the connector's halves in two
         # processes), B: everything in one process; both must exit in time.
         a = run_engine_process(
@@ -152,7 +121,7 @@ def shared(tmp_path_factory, tiny_model) -> Shared:
             keys = c.keys()
             dbsize = c.dbsize()
         chunk_keys = {
-            n: [_find_base(keys, h) for h in chunk_hashes(prompts[n])] for n in NAMES
+            n: [chunk_base(keys, h) for h in chunk_hashes(prompts[n])] for n in NAMES
         }
         damage_log = _damage(server, chunk_keys)
         # B runs vLLM in one process (no engine-core / worker processes),

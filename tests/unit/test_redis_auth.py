@@ -20,22 +20,15 @@ import logging
 
 import pytest
 
+from lmcache_configs import lmcache_config
+
 from lmcache_ascend.lmcache_bridge import credentials, remote_pool
 from redis_server import RedisServer, ensure_redis_server
 
 PASSWORD = "pw-Zq81-not-in-any-log"
 
 
-def _config(**values):
-    from lmcache.v1.config import LMCacheEngineConfig
-
-    from lmcache_ascend.lmcache_bridge.config import register_config_keys
-
-    register_config_keys()
-    cfg = LMCacheEngineConfig.from_defaults(chunk_size=128)
-    for k, v in values.items():
-        setattr(cfg, k, v)
-    return cfg
+_config = lmcache_config
 
 
 @pytest.fixture(scope="module")

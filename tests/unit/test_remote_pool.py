@@ -11,6 +11,8 @@ import socket
 
 import pytest
 
+from lmcache_configs import lmcache_config
+
 from lmcache_ascend.lmcache_bridge import remote_pool
 
 
@@ -20,16 +22,7 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def _config(**values):
-    from lmcache.v1.config import LMCacheEngineConfig
-
-    from lmcache_ascend.lmcache_bridge.config import register_config_keys
-
-    register_config_keys()
-    cfg = LMCacheEngineConfig.from_defaults(chunk_size=128)
-    for k, v in values.items():
-        setattr(cfg, k, v)
-    return cfg
+_config = lmcache_config
 
 
 def test_tcp_targets_of_remote_urls():
