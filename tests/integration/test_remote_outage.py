@@ -69,8 +69,10 @@ def test_pool_down_at_startup_is_served_and_used_once_back(backend, tmp_path, ti
         LMCA_FAULT_PID=str(os.getpid()),
         LMCA_FAULT_SIGNALS="2:USR1",
         # The reconnect thread looks every RECONNECT_S: wait for it and for
-        # the connection (Mooncake's setup takes a few seconds).
-        LMCA_FAULT_BEFORE_LOOKUP=f"2:waitport:{ready_port},2:sleep:{int(RECONNECT_S) + 10}",
+        # the connection (Mooncake's setup takes a few seconds, more on a
+        # loaded machine: with one reconnect period of slack the "hit" request
+        # once found nothing in a full CI run, its store having gone nowhere).
+        LMCA_FAULT_BEFORE_LOOKUP=f"2:waitport:{ready_port},2:sleep:{3 * int(RECONNECT_S) + 10}",
     )
     previous = signal.signal(signal.SIGUSR1, on_signal)
     try:
