@@ -12,6 +12,7 @@ behaves like a fresh process where the tests depend on it.
   read share it; the child has exactly its own environment.
 * A zygote evicted (too many alive) while its child runs lets the child
   finish and still reports the child's own exit status.
+* The model-class cache a forked child fills equals vLLM's own entry.
 * A forked llama engine computes exactly what a fresh engine process does
   (tokens, logprobs, cached-token counts).
 
@@ -131,6 +132,33 @@ def test_an_evicted_zygote_keeps_its_running_childs_exit_status(zygotes, tmp_pat
     assert proc.poll() is None, "the evicted zygote's child did not keep running"
     release.touch()
     assert proc.wait(timeout=60) == 5, "the child's own exit status was lost with its zygote"
+
+
+@pytest.mark.compat("python")
+def test_the_warm_child_caches_what_vllms_own_subprocess_computes(zygotes, tmp_path, monkeypatch):
+    """support/modelinfo_warm.py fills vLLM's model-class cache in a forked
+    child; vLLM itself computes the same entry in a fresh interpreter. The
+    two files must be byte for byte the same, or engines would start from
+    properties vLLM would not have computed."""
+    import subprocess
+    import sys
+
+    import modelinfo_warm
+
+    warm, own = tmp_path / "warm", tmp_path / "own"
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(warm))
+    proc, _, _ = _probe(zygotes, tmp_path, "first")  # starts the session's first zygote, which warms
+    assert proc.wait(timeout=120) == 0
+    entries = warm / "modelinfos"
+    deadline = time.monotonic() + 120
+    while len(list(entries.glob("*.json"))) < len(modelinfo_warm.ARCHITECTURES) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert len(list(entries.glob("*.json"))) == len(modelinfo_warm.ARCHITECTURES), sorted(entries.glob("*"))
+    subprocess.run([sys.executable, "-c", "from vllm.model_executor.models import registry; "
+                    "registry.ModelRegistry.models['LlamaForCausalLM'].inspect_model_cls()"],
+                   env={**os.environ, "VLLM_CACHE_ROOT": str(own)}, check=True, capture_output=True, timeout=300)
+    name = "vllm-model_executor-models-llama-LlamaForCausalLM.json"
+    assert (own / "modelinfos" / name).read_bytes() == (entries / name).read_bytes()
 
 
 @pytest.mark.engine

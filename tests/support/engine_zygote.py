@@ -395,6 +395,7 @@ class ZygotePool:
         self._seq = 0
         self.forks = 0  # engines forked so far
         self.started = 0  # zygotes started so far
+        self._warmed = False  # vLLM's model-class cache (see _warm)
 
     def launch(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log: Path,
                owner: str, new_session: bool = False) -> Optional[ForkedProcess]:
@@ -459,7 +460,24 @@ class ZygotePool:
                            "environment only", seq)
         else:
             z.reads = frozenset(ready["reads"])
+        if not self._warmed:
+            self._warmed = True
+            self._warm(z)
         return z
+
+    def _warm(self, z: _Zygote) -> None:
+        """Once per session, beside the first engine: vLLM's model-class
+        cache filled by a forked child (support/modelinfo_warm.py) instead of
+        by a fresh interpreter per architecture. Not waited for: an engine
+        that needs an entry first computes it as vLLM always does."""
+        try:
+            reply = z.request({"module": "modelinfo_warm", "args": [], "cwd": str(z.state_dir),
+                               "log": str(z.state_dir / "modelinfo-warm.log"), "new_session": False,
+                               "env": z.env})
+            if "error" in reply:
+                raise RuntimeError(reply["error"])
+        except (OSError, RuntimeError, ValueError) as e:
+            logger.warning("engine zygote %d: model-class cache not warmed (%s); vLLM fills it per engine", z.seq, e)
 
     def _drop(self, seq: int) -> None:
         z = self._zygotes.pop(seq, None)
