@@ -71,7 +71,7 @@ class SchedulerGroup:
     # Tokens per block. For compressed groups this is rows per block x
     # compress ratio: vLLM's own MLA specs count tokens (block 256, ratio 4:
     # 64 rows), vLLM-Ascend's count rows (block 128, ratio 4: 128 rows, 512
-    # tokens); vllm_layout converts the latter.
+    # tokens); integration/vllm/vllm_specs.py converts the latter.
     block_size: int
     compress_ratio: int = 1
     sliding_window: int | None = None

@@ -31,7 +31,7 @@ What each rank allocates (provenance):
   models/layer/attention/layer.py builds them, tests/fixtures/
   ascend_layouts.py ``dsv4_specs``): replicated. A DCP-replicated indexer
   (``sfa_dcp_replicated_indexer_size`` > 1) is refused before this is asked
-  (vllm_layout).
+  (integration/vllm/vllm_specs.py).
 * Every other attention spec (``FullAttentionSpec``, ``SlidingWindowSpec``,
   ``ChunkedLocalAttentionSpec``) holds ``num_kv_heads / tp`` heads per rank,
   and Mamba / GDN state specs their heads split the same way: sharded.

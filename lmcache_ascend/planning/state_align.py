@@ -29,8 +29,8 @@ the state at P are all stored, and one retrieve loads both.
 This module decides whether such hits are exact for a configuration
 (:func:`decide`, one reason and the setting that enables them when not) and
 describes the snapshot (:class:`SnapshotLayout`). Pure: imports neither
-vLLM, LMCache nor the compiled ops; ``vllm_layout.state_align_facts`` reads
-the facts from vLLM.
+vLLM, LMCache nor the compiled ops; ``vllm_engine_config.state_align_facts``
+reads the facts from vLLM.
 """
 
 from __future__ import annotations

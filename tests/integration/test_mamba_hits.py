@@ -292,7 +292,7 @@ def test_state_hits_under_preemption(state_model, tmp_path):
     """(vLLM 0.32 only, not `compat`: on vLLM 0.26 no configuration tried,
     16 to 30 blocks and prefill budgets of B to 3B, made the engine with the
     connector preempt, as the admission headroom it keeps for state hits
-    (vllm_layout.keep_admission_blocks_free) makes vLLM admit less.)
+    (vllm_engine_config.keep_admission_blocks_free) makes vLLM admit less.)
 
     More concurrent prefills than vLLM's KV blocks hold: a running request
     is preempted and resumed (a new lookup, a replaced block table), and

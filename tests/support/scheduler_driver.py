@@ -25,7 +25,8 @@ from vllm.v1.request import Request
 
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_keys import request_view
-from lmcache_ascend.integration.vllm.vllm_layout import scheduler_groups, step_view
+from lmcache_ascend.integration.vllm.vllm_specs import scheduler_groups
+from lmcache_ascend.integration.vllm.vllm_step_view import step_view
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, GroupKind, SchedulerGroup
 
 CHUNK = 256

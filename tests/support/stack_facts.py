@@ -36,13 +36,13 @@ FACTS: Mapping[str, str] = {
     "lmcache": "LMCache version: lmcache_bridge's patches and module map (lmcache_modules.py)",
     "connector_hooks": "hooks of LMCacheAscendConnectorV1Dynamic that vLLM's KVConnectorBase_V1 declares "
                        "(a hook it does not declare is never called)",
-    "kv_layout_source": "where vllm_layout._kv_cache_layout reads the layout: the KV cache config or "
+    "kv_layout_source": "where vllm_kv_layout._kv_cache_layout reads the layout: the KV cache config or "
                         "the attention backends' helper",
-    "hash_block_size": "KVCacheConfig.hash_block_size exists (vllm_layout.state_align_facts)",
-    "prefix_match_unit": "CacheConfig.prefix_match_unit exists (vllm_layout.state_align_facts)",
-    "admission_watermark": "SchedulerConfig.watermark exists (vllm_layout.keep_admission_blocks_free)",
-    "state_copy": "vLLM-CPU replaces align mode's Triton state copy (vllm_layout._state_copy_missing)",
-    "checkpoint_blocks": "MambaSpec.num_prefill_checkpoint_blocks exists (vllm_layout.state_align_facts)",
+    "hash_block_size": "KVCacheConfig.hash_block_size exists (vllm_engine_config.state_align_facts)",
+    "prefix_match_unit": "CacheConfig.prefix_match_unit exists (vllm_engine_config.state_align_facts)",
+    "admission_watermark": "SchedulerConfig.watermark exists (vllm_engine_config.keep_admission_blocks_free)",
+    "state_copy": "vLLM-CPU replaces align mode's Triton state copy (vllm_engine_config._state_copy_missing)",
+    "checkpoint_blocks": "MambaSpec.num_prefill_checkpoint_blocks exists (vllm_engine_config.state_align_facts)",
     "request_key_fields": "Request fields the chunk key reads (vllm_keys.request_key_parts)",
     "lmcache_connector_v1": "methods vLLM's own LMCacheConnectorV1 defines (the adapter route's shim)",
     "stats_need_worker_stats": "compat.VllmFeatures.scheduler_stats_need_worker_stats",
@@ -125,7 +125,7 @@ def probe() -> dict[str, str]:
     from vllm.v1.request import Request
 
     from lmcache_ascend.compat import vllm_features
-    from lmcache_ascend.integration.vllm import vllm_layout
+    from lmcache_ascend.integration.vllm import vllm_engine_config
     from lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1 import LMCacheAscendConnectorV1Dynamic
 
     def has(cls, name):
@@ -148,7 +148,7 @@ def probe() -> dict[str, str]:
         "hash_block_size": has(KVCacheConfig, "hash_block_size"),
         "prefix_match_unit": has(CacheConfig, "prefix_match_unit"),
         "admission_watermark": has(SchedulerConfig, "watermark"),
-        "state_copy": "yes" if vllm_layout._state_copy_missing() is None else "no",
+        "state_copy": "yes" if vllm_engine_config._state_copy_missing() is None else "no",
         "checkpoint_blocks": has(MambaSpec, "num_prefill_checkpoint_blocks"),
         "request_key_fields": ",".join(f for f in key_fields if f in request_fields or hasattr(Request, f)),
         "lmcache_connector_v1": ",".join(sorted(methods(LMCacheConnectorV1) & declared)),

@@ -29,7 +29,7 @@ from fixtures import ascend_layouts as AL
 from fixtures import ascend_layouts_030 as AL3
 from fixtures import ascend_specs as A
 from fixtures import ascend_specs_030 as A3
-from lmcache_ascend.integration.vllm.vllm_layout import scheduler_groups
+from lmcache_ascend.integration.vllm.vllm_specs import scheduler_groups
 from lmcache_ascend.planning.groups import GroupKind
 from lmcache_ascend.planning.kv_format import LayoutError
 from lmcache_ascend.planning.planner import build_plan
@@ -213,7 +213,7 @@ def test_kvpp_is_refused_at_startup_from_the_engine_config():
     additional_config enable_kvpp, size TP x PCP)."""
     from types import SimpleNamespace
 
-    from lmcache_ascend.integration.vllm.vllm_layout import engine_identity
+    from lmcache_ascend.integration.vllm.vllm_engine_config import engine_identity
 
     def cfg(enable: bool, tp: int):
         return SimpleNamespace(

@@ -43,7 +43,7 @@ if "layers" not in inspect.signature(KVCacheTensor).parameters:
 from fixtures import ascend_layouts_030_hybrid as H
 from fixtures import layouts as L
 from fixtures import oracle
-from lmcache_ascend.integration.vllm.vllm_layout import state_align_facts
+from lmcache_ascend.integration.vllm.vllm_engine_config import state_align_facts
 from lmcache_ascend.planning.groups import ChunkRequest, GroupKind
 from lmcache_ascend.planning.kv_format import LayerFormat
 from lmcache_ascend.planning.planner import build_plan
@@ -120,7 +120,7 @@ def test_groups_hints_and_plan(name):
     ]
     assert {g.block_size for g in layout.groups} == {256}
     # LBHNC is the only one whose K/V are per-head (the env's name, read by
-    # attention_v1.py get_kv_cache_shape and vllm_layout.token_row_layout).
+    # attention_v1.py get_kv_cache_shape and vllm_kv_layout.token_row_layout).
     assert layout.hints.kv_layout == ("HND" if name.endswith("LBHNC") else "NHD" if name.endswith("LBNHC") else None)
     plan = _plan(layout, layout.build(True))
     assert plan.stored_groups == frozenset({0}) and plan.unrestorable_groups == frozenset({1, 2, 3})

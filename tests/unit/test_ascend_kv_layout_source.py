@@ -38,7 +38,7 @@ if "layers" not in inspect.signature(KVCacheTensor).parameters:
 from fixtures import ascend_layouts_030_hybrid as H  # noqa: E402
 from fixtures import layouts as L  # noqa: E402
 from fixtures import oracle  # noqa: E402
-from lmcache_ascend.integration.vllm import vllm_layout  # noqa: E402
+from lmcache_ascend.integration.vllm import vllm_kv_layout  # noqa: E402
 from lmcache_ascend.planning.groups import ChunkRequest  # noqa: E402
 from lmcache_ascend.planning.planner import build_plan  # noqa: E402
 from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer  # noqa: E402
@@ -127,7 +127,7 @@ def test_lbhnc_from_a_connector_preference_is_read_token_major(which, monkeypatc
     _install(monkeypatch, _backend_030)
     layout = _layouts(connector_preference=True)[which]
     cfg_name = "LBHNC"
-    assert vllm_layout.token_row_layout(cfg_name) == "HND"  # what the config's name alone says
+    assert vllm_kv_layout.token_row_layout(cfg_name) == "HND"  # what the config's name alone says
     assert layout.hints.kv_layout == "NHD"
     assert _k_view_shape(layout)[1:] == (H.KERNEL_BLOCK, H.HEADS, H.HEAD)
     _roundtrip(layout, ops, allocator)
@@ -166,7 +166,7 @@ def test_releases_without_the_variable_are_token_major_whatever_it_says(monkeypa
     monkeypatch.setenv(ENV, "HND")
     _install(monkeypatch, _backend_027)
     cfg, _ = H.qwen3_next_config("LBHNC")
-    assert vllm_layout.layout_facts(cfg).kv_layout == "NHD"
+    assert vllm_kv_layout.layout_facts(cfg).kv_layout == "NHD"
 
 
 def test_without_vllm_ascend_the_resolved_layout_decides(monkeypatch):
@@ -174,11 +174,11 @@ def test_without_vllm_ascend_the_resolved_layout_decides(monkeypatch):
     monkeypatch.delitem(sys.modules, MODULE, raising=False)
     for name, want in (("LBHNC", "HND"), ("LBNHC", "NHD"), ("BLHNC", None)):
         cfg, _ = H.qwen3_next_config(name)
-        assert vllm_layout.layout_facts(cfg).kv_layout == want
+        assert vllm_kv_layout.layout_facts(cfg).kv_layout == want
 
 
 def test_an_unknown_backend_shape_stops_startup(monkeypatch):
     _install(monkeypatch, lambda n, b, h, d, c="": (n, b, h * d))
     cfg, _ = H.qwen3_next_config("LBNHC")
     with pytest.raises(ValueError, match="neither NHD nor HND"):
-        vllm_layout.layout_facts(cfg)
+        vllm_kv_layout.layout_facts(cfg)

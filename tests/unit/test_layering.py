@@ -61,7 +61,7 @@ def test_the_check_finds_each_kind_of_import():
     src = (
         "import lmcache_ascend.integration.vllm.wiring\n"
         "def f():\n"
-        "    from lmcache_ascend.integration.vllm import vllm_layout\n"
+        "    from lmcache_ascend.integration.vllm import vllm_specs\n"
         "    from ..integration.vllm import shutdown\n"
         "    from lmcache_ascend import integration\n"
         "    importlib.import_module('lmcache_ascend.integration.vllm.adapter_route')\n"

@@ -64,7 +64,7 @@ from fixtures import ascend_specs_030 as A3
 from fixtures import layouts as L
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_keys import request_view
-from lmcache_ascend.integration.vllm.vllm_layout import step_view
+from lmcache_ascend.integration.vllm.vllm_step_view import step_view
 from lmcache_ascend.planning.chunking import default_chunk_size
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest
 from lmcache_ascend.planning.planner import build_plan

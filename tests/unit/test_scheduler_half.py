@@ -14,7 +14,7 @@ from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
 
 from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, StoreSpec
 from lmcache_ascend.integration.vllm.vllm_keys import request_view
-from lmcache_ascend.integration.vllm.vllm_layout import step_view
+from lmcache_ascend.integration.vllm.vllm_step_view import step_view
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID
 
 from scheduler_driver import (  # noqa: E402

@@ -28,7 +28,7 @@ from vllm.v1.request import Request
 
 from lmcache_ascend.integration.vllm.scheduler import MAX_STATE_PROBES, SchedulerHalf, StateHits
 from lmcache_ascend.integration.vllm.vllm_keys import request_view
-from lmcache_ascend.integration.vllm.vllm_layout import step_view
+from lmcache_ascend.integration.vllm.vllm_step_view import step_view
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, GroupKind, SchedulerGroup
 
 from scheduler_driver import scheduler_output  # noqa: E402

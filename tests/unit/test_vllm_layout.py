@@ -1,5 +1,5 @@
-"""vllm_layout: vLLM's own KVCacheConfig / SchedulerOutput / Request objects
-read into our typed records. Everything here is a real vLLM object."""
+"""vllm_specs, vllm_kv_layout and vllm_step_view: vLLM's own KVCacheConfig /
+SchedulerOutput / Request objects read into our typed records. Everything here is a real vLLM object."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-pytest.importorskip("vllm", reason="vllm_layout reads vLLM's own types")
+pytest.importorskip("vllm", reason="the vllm_* modules read vLLM's own types")
 
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -28,13 +28,10 @@ from vllm.v1.kv_cache_interface import (
 )
 from vllm.v1.request import Request
 
-from lmcache_ascend.integration.vllm import vllm_layout
-from lmcache_ascend.integration.vllm.vllm_layout import (
-    ScheduledRequest,
-    layout_facts,
-    scheduler_groups,
-    step_view,
-)
+from lmcache_ascend.integration.vllm import vllm_kv_layout
+from lmcache_ascend.integration.vllm.vllm_kv_layout import layout_facts
+from lmcache_ascend.integration.vllm.vllm_specs import scheduler_groups
+from lmcache_ascend.integration.vllm.vllm_step_view import ScheduledRequest, step_view
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.chunking import finest_chunk_size
 from lmcache_ascend.planning.groups import CompressorState, GroupKind
@@ -284,12 +281,12 @@ def test_layout_names_of_every_vllm_series_map_to_the_per_layer_block_order():
     physical order vLLM itself derives (KVCacheLayout.layer_view_order of
     the logical [B, H, N, C]): (B, N, H, C) is NHD, (B, H, N, C) HND, and
     layer- or block-interleaved layouts are left unnamed (refused later)."""
-    assert [vllm_layout.token_row_layout(n) for n in ("NHD", "HND", None, "")] == ["NHD", "HND", None, None]
+    assert [vllm_kv_layout.token_row_layout(n) for n in ("NHD", "HND", None, "")] == ["NHD", "HND", None, None]
     layouts = _vllm_layout_enum().KVCacheLayout
     by_order = {(0, 2, 1, 3): "NHD", (0, 1, 2, 3): "HND"}
     for member in layouts:
         expected = by_order.get(member.layer_view_order) if member.is_layer_compact else None
-        assert vllm_layout.token_row_layout(member.name) == expected, member
+        assert vllm_kv_layout.token_row_layout(member.name) == expected, member
 
 
 def test_layout_facts_read_the_resolved_layout_from_vllms_config():
@@ -353,7 +350,7 @@ def test_dcp_replicated_indexer_is_refused():
 
 def test_layout_facts_ratios_only_for_groups_that_mix_them(monkeypatch):
     # vLLM < 0.32 resolves the NHD/HND layout from the running engine's config.
-    monkeypatch.setattr(vllm_layout, "_kv_cache_layout", lambda cfg: "NHD")
+    monkeypatch.setattr(vllm_kv_layout, "_kv_cache_layout", lambda cfg: "NHD")
     mod, worker, _ = _dsv4_configs()
     with A.installed(mod):
         assert layout_facts(worker).layer_compress_ratio == {}

@@ -27,7 +27,7 @@ logger = logging.getLogger(__name__)
 def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
     """Our startup checks and requirements, in both vLLM roles."""
     from lmcache_ascend.compat import require_supported
-    from lmcache_ascend.integration.vllm import vllm_layout
+    from lmcache_ascend.integration.vllm import vllm_engine_config
     from lmcache_ascend.lmcache_bridge.adapter_shim import ROUTE, announce
     from lmcache_ascend.lmcache_bridge.config import enforce_engine_requirements, validate_engine_config
     from lmcache_ascend.lmcache_bridge.engine import attach_logging
@@ -37,7 +37,7 @@ def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
     validate_engine_config(config, os.environ)
     enforce_engine_requirements(config, 1, connector=ROUTE)
     if is_scheduler:
-        vllm_layout.ensure_recompute_on_load_failure(vllm_config)
+        vllm_engine_config.ensure_recompute_on_load_failure(vllm_config)
     announce()
 
 
@@ -87,14 +87,14 @@ def _model_identity(vllm_config: Any, config: Any) -> str:
 def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any, config: Any,
                 vllm_config: Any = None) -> None:
     """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
-    from lmcache_ascend.integration.vllm import vllm_layout, wiring
+    from lmcache_ascend.integration.vllm import vllm_specs, wiring
     from lmcache_ascend.lmcache_bridge import adapter_shim
     from lmcache_ascend.planning.planner import build_plan
     from lmcache_ascend.planning.settings import AscendConfig
     from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
 
     connector = adapter_shim.adapter_connector(engine)
-    groups = vllm_layout.scheduler_groups(kv_cache_config)
+    groups = vllm_specs.scheduler_groups(kv_cache_config)
     if len(groups) != 1:
         raise ValueError(
             f"{adapter_shim.ROUTE} serves models with one KV cache group; this one has "

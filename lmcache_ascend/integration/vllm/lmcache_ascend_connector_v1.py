@@ -26,7 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from lmcache_ascend.compat import require_supported
-from lmcache_ascend.integration.vllm import vllm_keys, vllm_layout
+from lmcache_ascend.integration.vllm import vllm_keys, vllm_step_view
 from lmcache_ascend.integration.vllm.transfer_meta import StepTransfers
 
 if TYPE_CHECKING:
@@ -219,7 +219,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         assert self._scheduler is not None
-        transfers = self._scheduler.build(vllm_layout.step_view(scheduler_output))
+        transfers = self._scheduler.build(vllm_step_view.step_view(scheduler_output))
         return AscendConnectorMetadata(transfers)
 
     def request_finished(

@@ -23,7 +23,7 @@ from lmcache_ascend.integration.vllm.transfer_meta import (
 )
 from lmcache_ascend.integration.vllm.vllm_keys import RequestView
 from lmcache_ascend.planning.isolation import Refusal
-from lmcache_ascend.integration.vllm.vllm_layout import StepView
+from lmcache_ascend.integration.vllm.vllm_step_view import StepView
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, SchedulerGroup
 from lmcache_ascend.planning.slot_mapping import primary_group

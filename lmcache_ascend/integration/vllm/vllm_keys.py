@@ -11,8 +11,9 @@ request carrying something this module cannot turn into key tokens is
 refused (neither looked up nor stored) with a :class:`Refusal`: vLLM would
 key on it, so serving it by token ids alone could serve wrong KV.
 
-The split from vllm_layout.py keeps each under 600 lines; both read vLLM's
-objects only through attributes named here.
+Kept apart from the other vllm_* readers (vllm_specs, vllm_kv_layout,
+vllm_step_view, vllm_engine_config) so each stays under 600 lines; each
+reads vLLM's objects only through attributes it names.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Builds the scheduler and worker halves from a vLLM config.
 
-The one place that joins vLLM's view (through ``vllm_layout``), our planning
+The one place that joins vLLM's view (through the ``vllm_*`` modules), our planning
 and LMCache (through ``lmcache_bridge``), so the entry class stays a thin
 role bridge and each half receives the resources it owns.
 """
@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from lmcache_ascend.integration.vllm import vllm_layout
+from lmcache_ascend.integration.vllm import vllm_engine_config, vllm_kv_layout, vllm_specs
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
 from lmcache_ascend.planning.agreement import HalfAgreement
@@ -63,18 +63,18 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     attach_logging()
     register_config_keys()
     config = lmcache_get_or_create_config()
-    extra = vllm_layout.kv_transfer_extra_config(vllm_config)
+    extra = vllm_engine_config.kv_transfer_extra_config(vllm_config)
     apply_extra_config(config, extra)
     # LMCache converts its LMCACHE_* variables itself; re-read them only to
     # name a value it dropped (it keeps None) in the error.
     validate_engine_config(config, os.environ)
-    groups = vllm_layout.scheduler_groups(kv_cache_config)
+    groups = vllm_specs.scheduler_groups(kv_cache_config)
     enforce_engine_requirements(config, len(groups))
     source = _default_chunk_size(config, groups, extra)
     chunk_size = int(config.chunk_size)
     if chunk_size <= 0:
         raise ValueError(f"LMCache chunk_size must be > 0, got {chunk_size}")
-    model, engine_id, rank, world = vllm_layout.engine_identity(vllm_config)
+    model, engine_id, rank, world = vllm_engine_config.engine_identity(vllm_config)
     check_parallelism(vllm_config)
     replicated = single_copy(groups, vllm_config, config)
     ascend = AscendConfig.from_lmcache(config)
@@ -136,7 +136,7 @@ def _state_setup(vllm_config: Any, kv_cache_config: Any, groups: tuple[Scheduler
     from lmcache_ascend.planning.state_align import decide, snapshot_layout
     from lmcache_ascend.planning.state_skip import skipped_groups
 
-    facts = vllm_layout.state_align_facts(vllm_config, kv_cache_config)
+    facts = vllm_engine_config.state_align_facts(vllm_config, kv_cache_config)
     skipped = tuple(s.index for s in skipped_groups(groups, ascend))
     gate = decide(facts, groups, chunk_size, skipped)
     if gate is None or not gate.enabled:
@@ -199,7 +199,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
     from lmcache_ascend.lmcache_bridge.credentials import redact_url
 
     setup = load_setup(vllm_config, kv_cache_config)
-    vllm_layout.ensure_recompute_on_load_failure(vllm_config)
+    vllm_engine_config.ensure_recompute_on_load_failure(vllm_config)
     cfg = setup.lmcache_config
     advise_drain(vllm_config, " and ".join(
         ([f"the remote store {redact_url(cfg.remote_url)}"] if cfg.remote_url else [])
@@ -213,7 +213,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
         gate = setup.state_gate
         state = StateHits(gate.groups, gate.block_size, setup.snapshot.marks())
         guard = AlignBlockSize(vllm_config.cache_config, gate.block_size)
-        vllm_layout.keep_admission_blocks_free(vllm_config, kv_cache_config, len(gate.groups))
+        vllm_engine_config.keep_admission_blocks_free(vllm_config, kv_cache_config, len(gate.groups))
         logger.info(
             "lmcache-ascend: Mamba/GDN state hits on (vLLM align mode, block %d tokens): state "
             "group(s) %s, %s",
@@ -407,9 +407,9 @@ def worker_layout_hints(kv_cache_config: Any):
     resolved (NHD/HND), possibly with per-layer compress ratios."""
     from lmcache_ascend.planning.kv_format import LayoutHints
 
-    if vllm_layout.is_cpu_platform():
+    if vllm_engine_config.is_cpu_platform():
         return LayoutHints(opaque_pages=True)
-    facts = vllm_layout.layout_facts(kv_cache_config)
+    facts = vllm_kv_layout.layout_facts(kv_cache_config)
     return LayoutHints(kv_layout=facts.kv_layout, layer_compress_ratio=facts.layer_compress_ratio)
 
 

