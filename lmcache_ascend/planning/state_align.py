@@ -117,7 +117,8 @@ class StateGate:
         return (
             f"lmcache-ascend: external cache hits are refused for this model: its Mamba/GDN "
             f"state group(s) {list(self.groups)} cannot be restored exactly because {self.reason}; "
-            f"{self.setting}. Outputs stay identical to a no-cache run."
+            f"{self.setting}. Nothing is stored either (chunks without that state could serve no hit). "
+            f"Outputs stay identical to a no-cache run."
         )
 
 

@@ -141,3 +141,9 @@ def test_state_model_without_align_mode_refuses_hits_and_matches(tmp_path, tiny_
     assert len(refusals) == 1, refusals
     assert "Mamba cache mode is 'none'" in refusals[0] and "--mamba-cache-mode align" in refusals[0]
     assert "--enable-prefix-caching" in refusals[0] or "prefix caching on" in refusals[0]
+    # Nor is anything stored: chunks without the state behind them could
+    # serve no instance of this model (issue 39, item 3).
+    assert "Nothing is stored" in refusals[0]
+    stored = [line for line in log.splitlines()
+              if re.search(r"Stored \d+ out of total|stored [1-9]\d* tokens", line)]
+    assert stored == [], stored[:3]

@@ -68,9 +68,10 @@ def test_hit_blockers_refuse_every_hit_without_looking_up():
     assert eng.admit("r") == 0
     assert eng.cache.calls == []
     assert eng.half.take_stats() == {"refused_lookups": 1}  # exported, not looked up
-    # chunks are still stored for the attention groups
+    # Nor stored: chunks without the state behind them could never be loaded.
     steps = prefill(eng, "r", 2048)
-    assert steps[0]["r"].store == StoreSpec(0, 1024) and steps[0]["r"].load is None
+    assert all("r" not in step for step in steps), steps
+    assert eng.half.phase("r") is None
 
 
 # ---- loads ----------------------------------------------------------------------------

@@ -164,8 +164,9 @@ class SchedulerHalf:
             logger.warning(
                 "lmcache-ascend: KV cache group(s) %s hold recurrent state "
                 "(%s) that cannot be restored exactly at chunk boundaries: "
-                "external cache hits are refused for this model (chunks are still "
-                "stored for attention groups). Outputs stay identical to a no-cache run.",
+                "external cache hits are refused for this model, and nothing is stored (a "
+                "chunk without the state behind it can serve no instance of this model). "
+                "Outputs stay identical to a no-cache run.",
                 [g.index for g in self._hit_blockers],
                 sorted({g.spec_name for g in self._hit_blockers}),
             )
@@ -205,7 +206,7 @@ class SchedulerHalf:
 
     def track(self, view: RequestView) -> None:
         """Follow a request without looking it up (kv_producer: store only)."""
-        if self._refuse(view):
+        if self._refuse(view) or self._hit_blockers:
             return
         self._admit(view)
 
@@ -235,12 +236,16 @@ class SchedulerHalf:
         if self._refuse(view):
             self._requests.pop(view.req_id, None)
             return 0, False
-        rec = self._admit(view)
         limit = self.max_hit(view.num_tokens)
-        if limit <= num_computed_tokens:
-            return 0, False
         if self._hit_blockers:
-            self.stats.refused_lookups += 1
+            # Not followed, so no step stores it either: a hit needs the
+            # state behind its chunks, which this model's instances cannot
+            # restore, so its chunks alone could never be loaded (issue 39).
+            if limit > num_computed_tokens:
+                self.stats.refused_lookups += 1
+            return 0, False
+        rec = self._admit(view)
+        if limit <= num_computed_tokens:
             return 0, False
         self.stats.lookup_requests += 1
         if self._state is not None:
