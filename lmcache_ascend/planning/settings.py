@@ -124,6 +124,27 @@ def _to_text(key: str, what: str, max_chars: int, echo: bool) -> Callable[[Any],
     return convert
 
 
+ASYNC_LOOKUP_MODES = ("auto", "on", "off")
+
+
+def _to_async_lookup(key: str) -> Callable[[Any], str]:
+    """``auto`` / ``on`` / ``off``; a boolean word means on or off."""
+
+    def convert(value: Any) -> str:
+        text = str(value).strip().lower() if value is not None else "auto"
+        if text in ASYNC_LOOKUP_MODES:
+            return text
+        parsed = parse_bool(value)
+        if parsed is None:
+            raise ConfigValueError(
+                f"config key {key!r}: invalid value {value!r}; valid: {', '.join(ASYNC_LOOKUP_MODES)} "
+                f"(or {BOOL_WORDS_TEXT})"
+            )
+        return "on" if parsed else "off"
+
+    return convert
+
+
 def _to_identity(key: str) -> Callable[[Any], str]:
     return _to_text(key, "a string", MAX_IDENTITY_CHARS, echo=True)
 
@@ -201,6 +222,16 @@ KEYS: tuple[KeySpec, ...] = (
         "once it is back. A misconfigured store stops startup either way.",
     ),
     KeySpec(
+        "ascend_async_lookup",
+        str,
+        "auto",
+        _to_async_lookup("ascend_async_lookup"),
+        "Look requests up beside vLLM's steps: the scheduler answers 'not yet' (None) while a "
+        "lookup runs on a thread of its own, and keeps scheduling the other requests. auto: on "
+        "when LMCache has a disk or remote store (where a lookup fetches and verifies chunks), "
+        "off for the local CPU cache alone; on; off (every lookup inside the step).",
+    ),
+    KeySpec(
         "ascend_pool_secret_file",
         str,
         "",
@@ -225,6 +256,7 @@ class AscendConfig:
     skip_state_layer_suffixes: tuple[str, ...] = DEFAULT_SKIP_STATE_LAYER_SUFFIXES
     model_identity: str = ""
     require_remote: bool = False
+    async_lookup: str = "auto"
     pool_secret_file: str = ""
 
     def __post_init__(self) -> None:

@@ -264,6 +264,26 @@ def _failing(fn: Callable, plan: FailPlan, what: str) -> Callable:
     return wrapper
 
 
+def _hold_lookup(half: Any, spec: str) -> None:
+    """``LMCA_FAULT_LOOKUP_DELAY=N:S``: the scheduler half's Nth call of its
+    LMCache lookup (on whatever thread runs lookups) takes S seconds longer,
+    as a slow remote fetch would."""
+    number, seconds = spec.split(":")
+    inner, calls = half._lookup, [0]
+
+    def held(token_ids, lookup_id):
+        calls[0] += 1
+        if calls[0] == int(number):
+            logger.warning("%s lookup %d (%s) held %s s on thread %s", FAULT_LOG_TAG, calls[0], lookup_id,
+                           seconds, threading.current_thread().name)
+            time.sleep(float(seconds))
+        return inner(token_ids, lookup_id)
+
+    if callable(getattr(inner, "close", None)):
+        held.close = inner.close  # type: ignore[attr-defined]  # closed with the half, as before
+    half._lookup = held
+
+
 def _build_faulty_connector():
     from lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1 import (
         LMCacheAscendConnectorV1Dynamic,
@@ -275,6 +295,8 @@ def _build_faulty_connector():
         def __init__(self, vllm_config, role, kv_cache_config) -> None:
             super().__init__(vllm_config, role, kv_cache_config)
             self._fault_requests = 0
+            # Requests whose lookup answered None (running beside the step): their number.
+            self._deferred: dict[str, int] = {}
             pid = os.environ.get("LMCA_FAULT_PID")
             self._signal_pid = int(pid) if pid else None
             self._signals = parse_signals(os.environ.get("LMCA_FAULT_SIGNALS"))
@@ -282,6 +304,9 @@ def _build_faulty_connector():
                 raise ValueError("LMCA_FAULT_SIGNALS needs LMCA_FAULT_PID")
             self._after_lookup = parse_after_lookup(os.environ.get("LMCA_FAULT_AFTER_LOOKUP"))
             self._before_lookup = parse_after_lookup(os.environ.get("LMCA_FAULT_BEFORE_LOOKUP"))
+            delay = os.environ.get("LMCA_FAULT_LOOKUP_DELAY")
+            if delay and getattr(self, "_scheduler", None) is not None:
+                _hold_lookup(self._scheduler, delay)
 
         def register_kv_caches(self, kv_caches) -> None:
             super().register_kv_caches(kv_caches)
@@ -305,8 +330,15 @@ def _build_faulty_connector():
                 logger.warning("%s load faults armed: %s", FAULT_LOG_TAG, load)
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
-            self._fault_requests += 1
-            for sig in self._signals.pop(self._fault_requests, ()):
+            # A lookup running beside the step answers None ("ask again"):
+            # the calls until its answer are one lookup, numbered once.
+            deferred = self._deferred
+            number = deferred.pop(request.request_id, None)
+            first = number is None
+            if first:
+                self._fault_requests += 1
+                number = self._fault_requests
+            for sig in self._signals.pop(number, ()) if first else ():
                 try:
                     os.kill(self._signal_pid, sig)
                     logger.warning(
@@ -314,15 +346,18 @@ def _build_faulty_connector():
                         FAULT_LOG_TAG,
                         signal.Signals(sig).name,
                         self._signal_pid,
-                        self._fault_requests,
+                        number,
                     )
                 except ProcessLookupError:
                     logger.warning("%s pid %d is gone", FAULT_LOG_TAG, self._signal_pid)
-            for action, arg in self._before_lookup.pop(self._fault_requests, ()):
-                _after_lookup(action, arg, self._fault_requests, list(request.prompt_token_ids))
+            for action, arg in self._before_lookup.pop(number, ()) if first else ():
+                _after_lookup(action, arg, number, list(request.prompt_token_ids))
             result = super().get_num_new_matched_tokens(request, num_computed_tokens)
-            for action, arg in self._after_lookup.pop(self._fault_requests, ()):
-                _after_lookup(action, arg, self._fault_requests, list(request.prompt_token_ids))
+            if result[0] is None:
+                deferred[request.request_id] = number
+                return result
+            for action, arg in self._after_lookup.pop(number, ()):
+                _after_lookup(action, arg, number, list(request.prompt_token_ids))
             return result
 
     return FaultyLMCacheAscendConnectorV1Dynamic

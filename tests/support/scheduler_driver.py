@@ -229,7 +229,7 @@ class Engine:
         out = scheduler_output(new_reqs, cached, sched, self.finished, self.preempted)
         self.finished.clear()
         self.preempted.clear()
-        transfers = self.half.build(step_view(out))
+        transfers = self.last_transfers = self.half.build(step_view(out))
         assert transfers.finished_req_ids == frozenset(out.finished_req_ids)
         for t in transfers.requests:
             self._check(t, sched)

@@ -8,10 +8,13 @@ stores (after each step), and ships that as ``StepTransfers``.
 from __future__ import annotations
 
 import enum
+import itertools
 import logging
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from lmcache_ascend.integration.vllm.lookup_ahead import WAIT_IN_STEP_S, LookupAhead
 from lmcache_ascend.integration.vllm.stats import SchedulerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import (
     LoadSpec,
@@ -99,6 +102,24 @@ class _Blocks:
     state_upto: int = 0
 
 
+@dataclass(frozen=True)
+class _Found:
+    """What one admission's lookup found. Computed where the lookup runs (the
+    lookup thread when lookups run ahead), applied to the request by the
+    scheduler's own thread."""
+
+    hit: int  # chunk-aligned tokens found (state models: a boundary with its state)
+    lookup_id: Optional[str] = None  # the state probe whose pins hold the hit
+    staged: bool = False  # a plain lookup staged chunks under the request id
+    unpin: tuple[str, ...] = ()  # probes whose pins are dropped with the next step
+    failed: bool = False  # LMCache gave no answer: served as a miss
+
+    def pins(self, req_id: str) -> tuple[str, ...]:
+        """Every lookup id this lookup left pinned (for a request gone
+        before its lookup ended)."""
+        return self.unpin + ((self.lookup_id,) if self.lookup_id else ()) + ((req_id,) if self.staged else ())
+
+
 @dataclass
 class _Request:
     """Everything the scheduler half knows of one request; forgotten whole
@@ -115,6 +136,8 @@ class _Request:
     staged: bool = False
     load: Optional[_PendingLoad] = None
     blocks: Optional[_Blocks] = None
+    # Its lookup, running ahead on the lookup thread (ascend_async_lookup).
+    pending: Optional["Future[_Found]"] = None
 
     def move(self, to: RequestPhase) -> None:
         if to not in _MOVES[self.phase]:
@@ -134,6 +157,7 @@ class SchedulerHalf:
         refusal: Optional[str] = None,
         refuse_all: Optional[Refusal] = None,
         before_admission: Optional[Callable[[], None]] = None,
+        ahead: Optional[LookupAhead] = None,
     ) -> None:
         """``agreement``: what this half planned with; shipped with every step
         so the worker can refuse transfers planned under another one.
@@ -141,7 +165,10 @@ class SchedulerHalf:
         step-end chunk boundaries. ``refusal``: the one line to log when
         ``hit_blockers`` refuse hits (default: a generic one). ``refuse_all``:
         why no request can be keyed (the model's identity is unknown).
-        ``before_admission``: run before every lookup (``align_repair``)."""
+        ``before_admission``: run before every lookup (``align_repair``).
+        ``ahead``: run lookups on this thread (``lookup_ahead.py``); a
+        request whose lookup is not done yet is answered None ("ask again
+        next step")."""
         self.refuse_all = refuse_all
         self._before_admission = before_admission
         self.groups = tuple(groups)
@@ -154,7 +181,12 @@ class SchedulerHalf:
         # Lookup ids whose pins the worker drops with the next step (missed
         # state probes, released hits).
         self._unpin: list[str] = []
-        self._probe_seq = 0
+        # Probe ids are drawn on the lookup thread too: next() on a count is atomic.
+        self._probe_ids = itertools.count(1)
+        self._ahead = ahead
+        # Lookups of requests that went away while their lookup ran: their
+        # pins are dropped once it ends (request id, lookup).
+        self._orphans: list[tuple[str, "Future[_Found]"]] = []
         # Groups whose state we cannot restore at a chunk boundary: any hit
         # would leave them stale, so hits are refused (outputs stay exact).
         self._hit_blockers = tuple(hit_blockers)
@@ -179,6 +211,8 @@ class SchedulerHalf:
         return self.stats.take()
 
     def close(self) -> None:
+        if self._ahead is not None:
+            self._ahead.close()  # the lookup client is the thread's alone until then
         close = getattr(self._lookup, "close", None)
         if callable(close):
             close()
@@ -230,7 +264,7 @@ class SchedulerHalf:
 
     def get_num_new_matched_tokens(
         self, view: RequestView, num_computed_tokens: int
-    ) -> tuple[int, bool]:
+    ) -> tuple[Optional[int], bool]:
         if self._before_admission is not None:
             self._before_admission()
         if self._refuse(view):
@@ -246,24 +280,72 @@ class SchedulerHalf:
             return 0, False
         rec = self._admit(view)
         if limit <= num_computed_tokens:
+            self._orphan(rec)
             return 0, False
-        self.stats.lookup_requests += 1
-        if self._state is not None:
-            hit = self._state_lookup(rec, num_computed_tokens, limit)
-        else:
-            found = self._lookup(view.token_ids[:limit], view.req_id)
+        if self._ahead is not None:
+            found = self._found_ahead(rec, num_computed_tokens, limit)
             if found is None:
-                self._lookup_failed(view.req_id)
-                found = 0
-            if found:
-                rec.staged = True
-            hit = int(found)
-            hit = min(hit - hit % self.chunk_size, limit)
+                return None, False  # vLLM asks again next step; the others are scheduled
+        else:
+            self._release_lookup(rec)  # an earlier admission attempt's probe
+            found = self._find(view.req_id, view.token_ids, num_computed_tokens, limit)
+        self.stats.lookup_requests += 1
+        self._unpin.extend(found.unpin)
+        if found.failed:
+            self._lookup_failed(view.req_id)
+        rec.lookup_id = found.lookup_id
+        rec.staged = rec.staged or found.staged
+        hit = found.hit
         rec.hit = hit
         self.stats.hit_tokens += hit
         return (hit - num_computed_tokens, False) if hit > num_computed_tokens else (0, False)
 
-    def _state_lookup(self, rec: _Request, num_computed: int, limit: int) -> int:
+    def _found_ahead(self, rec: _Request, num_computed: int, limit: int) -> Optional[_Found]:
+        """The request's lookup result if its lookup (submitted on its first
+        call) has ended, else None. Waits ``WAIT_IN_STEP_S`` at most."""
+        assert self._ahead is not None
+        if rec.pending is None:
+            self._release_lookup(rec)
+            view = rec.view
+            rec.pending = self._ahead.submit(
+                lambda: self._find(view.req_id, view.token_ids, num_computed, limit))
+        try:
+            found = rec.pending.result(timeout=WAIT_IN_STEP_S)
+        except TimeoutError:
+            return None
+        except Exception:  # noqa: BLE001 - a lookup that raised is a miss, as a failed one
+            logger.exception("lmcache-ascend: request %s: lookup raised; served as a miss", rec.view.req_id)
+            found = _Found(0, failed=True)
+        rec.pending = None
+        return found
+
+    def _orphan(self, rec: _Request) -> None:
+        """A lookup still running for a request that no longer wants it."""
+        if rec.pending is not None:
+            self._orphans.append((rec.view.req_id, rec.pending))
+            rec.pending = None
+
+    def _drop_orphans(self) -> None:
+        keep = []
+        for req_id, fut in self._orphans:
+            if not fut.done():
+                keep.append((req_id, fut))
+            elif fut.exception() is None:
+                self._unpin.extend(fut.result().pins(req_id))
+        self._orphans = keep
+
+    def _find(self, req_id: str, token_ids: Sequence[int], num_computed: int, limit: int) -> _Found:
+        """The lookup itself: touches no request state, so it may run on the
+        lookup thread."""
+        if self._state is not None:
+            return self._state_find(req_id, token_ids, num_computed, limit)
+        found = self._lookup(token_ids[:limit], req_id)
+        if found is None:
+            return _Found(0, failed=True)
+        hit = int(found)
+        return _Found(min(hit - hit % self.chunk_size, limit), staged=bool(found))
+
+    def _state_find(self, req_id: str, token_ids: Sequence[int], num_computed: int, limit: int) -> _Found:
         """The longest chunk boundary P <= ``limit`` (beyond what vLLM has)
         whose KV chunks and Mamba state are both stored, or 0.
 
@@ -273,28 +355,23 @@ class SchedulerHalf:
         id instead of adding to them): the hit's pins are released after its
         load, a miss's with the next step."""
         assert self._state is not None
-        view = rec.view
         marks = self._state.marks
-        self._release_lookup(rec)  # an earlier admission attempt
+        unpin: list[str] = []
         pos = limit
         for _ in range(MAX_STATE_PROBES):
             if pos <= num_computed:
                 break
-            self._probe_seq += 1
-            lookup_id = f"{view.req_id}#state{self._probe_seq}"
-            found = self._lookup(list(view.token_ids[:pos]) + list(marks), lookup_id)
+            lookup_id = f"{req_id}#state{next(self._probe_ids)}"
+            found = self._lookup(list(token_ids[:pos]) + list(marks), lookup_id)
             if found is None:
-                self._unpin.append(lookup_id)
-                self._lookup_failed(view.req_id)
-                return 0
+                return _Found(0, unpin=tuple(unpin) + (lookup_id,), failed=True)
             if found >= pos + len(marks):
-                rec.lookup_id = lookup_id
-                return pos
-            self._unpin.append(lookup_id)
+                return _Found(pos, lookup_id=lookup_id, unpin=tuple(unpin))
+            unpin.append(lookup_id)
             # KV stored up to `found`: the state there is the next candidate;
             # KV stored past pos but no (whole) state at pos: one chunk back.
             pos = found - found % self.chunk_size if found < pos else pos - self.chunk_size
-        return 0
+        return _Found(0, unpin=tuple(unpin))
 
     def _release_lookup(self, rec: _Request) -> None:
         if rec.lookup_id is not None:
@@ -386,6 +463,8 @@ class SchedulerHalf:
             )
         for req_id in step.finished_req_ids:
             self._forget(req_id)
+        if self._orphans:
+            self._drop_orphans()
         unpin, self._unpin = tuple(self._unpin), []
         return StepTransfers(
             requests=tuple(out),
@@ -471,6 +550,7 @@ class SchedulerHalf:
         rec = self._requests.pop(req_id, None)
         if rec is None:
             return
+        self._orphan(rec)
         self._release_lookup(rec)
         self._release_staged(rec)
         if rec.load is not None and rec.load.lookup_id is not None:

@@ -231,6 +231,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
         refusal=refusal,
         refuse_all=setup.model_refusal,
         before_admission=guard,
+        ahead=_lookup_ahead(setup),
     )
     logger.info(
         "lmcache-ascend scheduler: %d KV cache group(s) %s, chunk %d tokens (plan %s)",
@@ -240,6 +241,26 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
         setup.agreement.fingerprint,
     )
     return half
+
+
+def _lookup_ahead(setup: ConnectorSetup) -> Optional[Any]:
+    """The lookup thread, where ``ascend_async_lookup`` asks for one (auto:
+    where a lookup reads a disk or remote store), with one line saying so."""
+    from lmcache_ascend.integration.vllm.lookup_ahead import WAIT_IN_STEP_S, LookupAhead
+
+    cfg = setup.lmcache_config
+    mode = setup.ascend_config.async_lookup
+    stores = [name for name, on in (("local_disk", cfg.local_disk), ("remote_url", cfg.remote_url)) if on]
+    if mode == "off" or (mode == "auto" and not stores):
+        logger.info("lmcache-ascend: lookups run inside vLLM's step (ascend_async_lookup=%s%s)", mode,
+                    "" if mode == "off" else ": the local CPU cache alone answers in about a millisecond")
+        return None
+    logger.info(
+        "lmcache-ascend: lookups run beside vLLM's step (ascend_async_lookup=%s%s): a request whose lookup "
+        "takes longer than %.0f ms waits for it while the other requests are scheduled, then is admitted "
+        "with the prefix the lookup verified",
+        mode, f", {' and '.join(stores)} set" if mode == "auto" else "", WAIT_IN_STEP_S * 1e3)
+    return LookupAhead()
 
 
 def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping[str, Any]) -> WorkerHalf:
