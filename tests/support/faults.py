@@ -331,30 +331,24 @@ def _build_faulty_connector():
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             # A lookup running beside the step answers None ("ask again"):
-            # the calls until its answer are one lookup, numbered once.
-            deferred = self._deferred
-            number = deferred.pop(request.request_id, None)
-            first = number is None
-            if first:
+            # the calls until its answer are one lookup, numbered once (its
+            # signals and before-actions, popped on the first call, run once).
+            number = self._deferred.pop(request.request_id, None)
+            if number is None:
                 self._fault_requests += 1
                 number = self._fault_requests
-            for sig in self._signals.pop(number, ()) if first else ():
+            for sig in self._signals.pop(number, ()):
                 try:
                     os.kill(self._signal_pid, sig)
-                    logger.warning(
-                        "%s sent %s to pid %d before request %d",
-                        FAULT_LOG_TAG,
-                        signal.Signals(sig).name,
-                        self._signal_pid,
-                        number,
-                    )
+                    logger.warning("%s sent %s to pid %d before request %d", FAULT_LOG_TAG,
+                                   signal.Signals(sig).name, self._signal_pid, number)
                 except ProcessLookupError:
                     logger.warning("%s pid %d is gone", FAULT_LOG_TAG, self._signal_pid)
-            for action, arg in self._before_lookup.pop(number, ()) if first else ():
+            for action, arg in self._before_lookup.pop(number, ()):
                 _after_lookup(action, arg, number, list(request.prompt_token_ids))
             result = super().get_num_new_matched_tokens(request, num_computed_tokens)
             if result[0] is None:
-                deferred[request.request_id] = number
+                self._deferred[request.request_id] = number
                 return result
             for action, arg in self._after_lookup.pop(number, ()):
                 _after_lookup(action, arg, number, list(request.prompt_token_ids))
