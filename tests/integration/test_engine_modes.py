@@ -74,24 +74,45 @@ from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
 
 if __name__ == "__main__":
-    model, prompt, done = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+    model, prompt, done, tp, delete = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
     llm = LLM(model=model, dtype="float32", max_model_len=2048, enforce_eager=True, seed=0,
+              tensor_parallel_size=tp,
               kv_transfer_config={"kv_connector": "LMCacheAscendConnectorV1Dynamic", "kv_role": "kv_both",
                                   "kv_connector_module_path": "%s"})
     out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(max_tokens=4, temperature=0.0))
     print("tokens", list(out[0].outputs[0].token_ids), flush=True)
     open(done, "w").write("done")
-    # No `del llm`, no shutdown: what user scripts and notebooks do.
+    if delete == "del":
+        del llm
+    # Otherwise no `del llm`, no shutdown: what user scripts and notebooks do.
 '''
 
+# How a user runs `LLM` (engine core in-process or in its own process, with
+# or without `del llm`, TP=2): each must exit by itself with its chunks on
+# disk. (engine core multiprocessing, tensor-parallel size, "del" or "keep")
+SCRIPT_MODES = {
+    "in_process": ("0", 1, "keep"),
+    "multiprocess": ("1", 1, "keep"),
+    "multiprocess_del": ("1", 1, "del"),
+    "tp2": ("1", 2, "keep"),
+}
 
-@pytest.mark.compat  # every supported vLLM closes in-process engines late or never
-def test_user_script_without_del_exits_and_keeps_its_chunks(tmp_path, tiny_model):
-    """A script that builds ``LLM`` with the connector (engine core
-    in-process), generates and ends without deleting it must exit by itself,
-    with every chunk it stored on disk: vLLM 0.32 closes an in-process
-    engine only when it is garbage collected or at exit, after Python joined
-    LMCache's non-daemon storage thread; older vLLMs never do."""
+
+@pytest.mark.parametrize("mode", [
+    # Every supported vLLM closes in-process engines late or never.
+    pytest.param("in_process", marks=pytest.mark.compat),
+    "multiprocess", "multiprocess_del", "tp2"])
+def test_user_script_exits_and_keeps_its_chunks(tmp_path, tiny_model, mode):
+    """A script that builds ``LLM`` with the connector, generates and ends
+    must exit by itself with code 0, with every chunk it stored on disk: with
+    the engine core in-process (vLLM 0.32 closes that engine only when it is
+    garbage collected or at exit, after Python joined LMCache's non-daemon
+    storage thread; older vLLMs never do), in its own process with and
+    without ``del llm``, and with TP=2 (each rank stores its own shard).
+
+    The in-process mode runs on every stack; the others on the primary
+    (vLLM 0.32's shutdown: the engine core in abort mode, its workers closing
+    the connector before the main process force-kills what is left)."""
     import json
     import os
     import subprocess
@@ -107,19 +128,22 @@ def test_user_script_without_del_exits_and_keeps_its_chunks(tmp_path, tiny_model
     script = tmp_path / "user_script.py"
     script.write_text(USER_SCRIPT % CONNECTOR_MODULE)
     done = tmp_path / "done"
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+    multiprocessing, tp, delete = SCRIPT_MODES[mode]
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": multiprocessing, "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "LMCACHE_LOCAL_DISK": f"file://{disk}/",
            "LMCACHE_MAX_LOCAL_DISK_SIZE": "1", "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5",
            "LMCACHE_CHUNK_SIZE": str(CHUNK)}
+    if tp > 1:  # vLLM-CPU runs TP>1 only with its threads bound to one NUMA node
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
     env.pop("PYTHONHASHSEED", None)
     with open(tmp_path / "script.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, str(script), model, json.dumps(prompt), str(done)],
+        proc = subprocess.Popen([sys.executable, str(script), model, json.dumps(prompt), str(done), str(tp), delete],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=str(tmp_path), env=env)
         hung = wait_for_exit(proc, done, 600, EXIT_GRACE_S)
     text = (tmp_path / "script.log").read_text(errors="replace")
     assert hung is None, f"the script {hung}:\n{text[-4000:]}"
     assert proc.returncode == 0, text[-4000:]
     assert "tokens [" in text
-    # Its 3 whole chunks were written before the process ended.
-    assert len(list(disk.glob("*.pt"))) >= 3, (sorted(disk.iterdir()) if disk.exists() else "no disk dir",
+    # Its 3 whole chunks (per TP rank) were written before the process ended.
+    assert len(list(disk.glob("*.pt"))) >= 3 * tp, (sorted(disk.iterdir()) if disk.exists() else "no disk dir",
                                                 text[-3000:])
