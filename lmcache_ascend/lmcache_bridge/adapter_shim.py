@@ -245,7 +245,7 @@ def _patch_gpu_connector_factory() -> None:
 
     # The module the adapter's service factory imports CreateGPUConnector from
     # when it builds the engine.
-    gpu_connector = lmcache_modules.load(lmcache_modules.GPU_CONNECTOR_FACTORY)
+    gpu_connector: Any = lmcache_modules.load(lmcache_modules.GPU_CONNECTOR_FACTORY)  # LMCache's, untyped
     original = gpu_connector.CreateGPUConnector
     if getattr(original, "_lmcache_ascend", False):
         return

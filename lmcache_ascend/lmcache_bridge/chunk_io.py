@@ -142,7 +142,7 @@ class ChunkCorrupted(RuntimeError):
 def _crc(payload: torch.Tensor, ident: Optional[int] = None) -> int:
     # zlib releases the GIL on large buffers and runs at several GB/s.
     seed = 0 if ident is None else zlib.crc32(str(ident).encode())
-    return zlib.crc32(memoryview(payload.numpy()), seed)
+    return zlib.crc32(payload.numpy().data, seed)  # .data: a memoryview of the array
 
 
 def _ident_bytes(ident: Optional[int]) -> bytes:
@@ -158,7 +158,7 @@ def entry_mac(payload: torch.Tensor, ident: Optional[int], key_scope: str, mac_k
     h = blake3.blake3(key=mac_key)
     h.update(_ident_bytes(ident))
     h.update(key_scope.encode())
-    h.update(memoryview(payload.numpy()))
+    h.update(payload.numpy().data)
     return h.digest(length=TAG_BYTES)
 
 
@@ -172,7 +172,8 @@ def key_scope_of(token_database: Any) -> str:
     return f"{meta.model_name}@{world}@{meta.worker_id}"
 
 
-class PagedChunkConnector(GPUConnectorInterface):
+# GPUConnectorInterface: LMCache's class, found by module path (untyped).
+class PagedChunkConnector(GPUConnectorInterface):  # type: ignore[misc,valid-type]
     """LMCache GPU-connector hook backed by a ``ChunkTransfer``.
 
     ``store``/``load`` are injected callables taking ``(chunk_tensor,
@@ -300,8 +301,7 @@ class PagedChunkConnector(GPUConnectorInterface):
             raise RuntimeError("LMCache MemoryObj has no tensor to copy into/from")
         return tensor.view(torch.uint8).reshape(-1)
 
-    @staticmethod
-    def _ctx(kwargs: Mapping[str, Any]) -> TransferContext:
+    def _ctx(self, kwargs: Mapping[str, Any]) -> TransferContext:  # not static: AdapterChunkConnector's needs self
         ctx = kwargs.get("lmcache_ascend_ctx")
         if not isinstance(ctx, TransferContext):
             raise RuntimeError(
@@ -336,6 +336,7 @@ class PagedChunkConnector(GPUConnectorInterface):
                     )
                 piece = ctx.state_piece(start, self.chunk_size)
                 if piece is not None:
+                    assert ctx.state is not None  # a piece index needs a state
                     ctx.state.store_piece(buf[: self.chunk_bytes], piece)
                     self._seal(buf, ident)
                     continue
@@ -379,6 +380,7 @@ class PagedChunkConnector(GPUConnectorInterface):
                     self._verify(buf, start, ctx.chunk_ids.get(start))
                 piece = ctx.state_piece(start, self.chunk_size)
                 if piece is not None:
+                    assert ctx.state is not None  # a piece index needs a state
                     ctx.state.load_piece(buf[: self.chunk_bytes], piece)
                     outcome.state_pieces += 1
                     continue

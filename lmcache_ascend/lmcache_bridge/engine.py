@@ -87,7 +87,11 @@ class EngineSpec:
         only that: lookup sockets and ranks keep ``metadata``'s own)."""
         if not self.replicated:
             return metadata
-        return dataclasses.replace(metadata, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0)
+        # These are fields of LMCache's LMCacheMetadata, the base class, which mypy
+        # does not see (LMCache ships no types).
+        return dataclasses.replace(  # type: ignore[call-arg]
+            metadata, world_size=1, local_world_size=1, worker_id=0, local_worker_id=0
+        )
 
     def metadata(self, role: str, chunk_bytes: int = 0, num_layers: int = 1) -> ChunkBufferMetadata:
         return ChunkBufferMetadata(

@@ -176,7 +176,7 @@ def check_at_startup(config: Any, environ: Any, require_remote: bool) -> None:
         else:
             target = tcp_target(config.remote_url)
             why = unreachable(*target) if target is not None else None
-            if why:
+            if target is not None and why:
                 raise PoolUnavailableError(
                     f"remote_url={redact_url(config.remote_url)!r}",
                     f"nothing accepts connections at {target[0]}:{target[1]} ({why})")

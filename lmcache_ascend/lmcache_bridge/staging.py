@@ -216,7 +216,8 @@ class LookupStaging:
                         return out
             backend = manager.storage_backends[location]
             objs = _read_prefix(backend, list(keys))
-            ok_keys, ok_objs = [], []
+            ok_keys: list[Any] = []  # LMCache's CacheEngineKeys and MemoryObjs
+            ok_objs: list[Any] = []
             for i, (key, obj) in enumerate(zip(keys, objs)):
                 start, end, _ = chunks[len(out)]
                 reason = None

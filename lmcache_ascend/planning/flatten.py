@@ -55,7 +55,7 @@ class PlacedPlane:
     head: int = 0  # HND per-head plane index
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[object, ...]:
         p, a = self.plane, self.addressing
         return (
             a.sched_group, p.granularity.value, p.dtype_name, p.block_rows, p.block_tokens, p.row_bytes,
@@ -87,7 +87,7 @@ class FlatEntry:
     planes: tuple[PlacedPlane, ...]
 
     @property
-    def key(self) -> tuple:
+    def key(self) -> tuple[tuple[object, ...], ...]:
         return tuple(p.key for p in self.planes)
 
 
@@ -272,7 +272,7 @@ def flat_entries(layers: Sequence[LayerPlanes], bundle: bool) -> tuple[FlatEntry
 
 def group_entries(entries: Sequence[FlatEntry]) -> tuple[tuple[FlatEntry, ...], ...]:
     """Entries with equal keys, in order of first appearance."""
-    buckets: dict[tuple, list[FlatEntry]] = {}
+    buckets: dict[tuple[tuple[object, ...], ...], list[FlatEntry]] = {}
     for e in entries:
         buckets.setdefault(e.key, []).append(e)
     return tuple(tuple(v) for v in buckets.values())

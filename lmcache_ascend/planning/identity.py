@@ -115,10 +115,11 @@ def model_fingerprint(facts: ModelFacts) -> str:
 
 
 _lora_lock = threading.Lock()
-_lora_memo: dict[tuple[str, tuple], str] = {}
+_StatKey = tuple[tuple[str, int, int], ...]  # (path, size, mtime_ns) per file
+_lora_memo: dict[tuple[str, _StatKey], str] = {}
 
 
-def _stat_key(paths: Iterable[Path]) -> tuple:
+def _stat_key(paths: Iterable[Path]) -> _StatKey:
     return tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
 
 

@@ -167,7 +167,7 @@ class KeyedTokens(Sequence[int]):
     @overload
     def __getitem__(self, index: slice) -> list[int]: ...
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int | slice) -> int | list[int]:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self._base))
             out = list(self._base[index])

@@ -240,7 +240,7 @@ class TransferPlan:
         between plans with equal fingerprints, e.g. not between bundled and
         exploded mode, or of another trailer format: fold it into the cache
         key of persistent backends."""
-        parts: list = [f"chunk-format-{CHUNK_FORMAT_VERSION}", self.chunk_size]
+        parts: list[object] = [f"chunk-format-{CHUNK_FORMAT_VERSION}", self.chunk_size]
         for kg in self.kernel_groups:
             parts.append(
                 (

@@ -11,22 +11,27 @@ treats them as positions vLLM does not need.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, Union
 
 import numpy as np
+from numpy.typing import NDArray
 
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, SKIP, GroupKind, SchedulerGroup
+
+Int64Array = NDArray[np.int64]
+# Chunk starts / ends: a list of ints or an int64 array (one per chunk).
+Positions = Union[Sequence[int], Int64Array]
 
 
 @dataclass(frozen=True)
 class GroupAddress:
     """Addressing of one group for one chunk."""
 
-    ids: np.ndarray  # int64 slots (ROW) or block ids (PAGE); SKIP = untouched
+    ids: Int64Array  # int64 slots (ROW) or block ids (PAGE); SKIP = untouched
     missing: int  # needed positions without a real block
 
 
-def _lookup_blocks(block_table: Sequence[int], block_idx: np.ndarray) -> np.ndarray:
+def _lookup_blocks(block_table: Sequence[int], block_idx: Int64Array) -> Int64Array:
     """Map logical block indices to block ids; beyond the table -> null."""
     table = np.asarray(block_table, dtype=np.int64)
     out = np.full(block_idx.shape, NULL_BLOCK_ID, dtype=np.int64)
@@ -35,7 +40,7 @@ def _lookup_blocks(block_table: Sequence[int], block_idx: np.ndarray) -> np.ndar
     return out
 
 
-def window_start_token(group: SchedulerGroup, end):
+def window_start_token(group: SchedulerGroup, end: Int64Array) -> Int64Array:
     """First position kept for a hit ending at ``end`` in a sliding group.
 
     vLLM itself keeps positions ``>= end - sliding_window + 1``; we keep one
@@ -47,7 +52,7 @@ def window_start_token(group: SchedulerGroup, end):
     """
     window = group.kept_window
     assert window is not None
-    return np.maximum(0, end - window)  # int or per-chunk array
+    return np.maximum(0, end - window)  # per-chunk array
 
 
 def _check_range(group: SchedulerGroup, start: int, end: int, chunk_size: int) -> None:
@@ -68,16 +73,16 @@ class ChunkAddresses:
     """Addressing of one group for several chunks: row ``k`` of ``ids`` and
     ``missing[k]`` are chunk ``k``'s ``GroupAddress``."""
 
-    ids: np.ndarray  # int64 [chunks, physical positions]
-    missing: np.ndarray  # int64 [chunks]
+    ids: Int64Array  # int64 [chunks, physical positions]
+    missing: Int64Array  # int64 [chunks]
 
     def at(self, k: int) -> GroupAddress:
         return GroupAddress(ids=self.ids[k], missing=int(self.missing[k]))
 
 
 def _ranges(
-    group: SchedulerGroup, starts: Sequence[int], ends: Sequence[int], chunk_size: int
-) -> tuple[np.ndarray, np.ndarray]:
+    group: SchedulerGroup, starts: Positions, ends: Positions, chunk_size: int
+) -> tuple[Int64Array, Int64Array]:
     for s, e in zip(starts, ends, strict=True):
         _check_range(group, s, e, chunk_size)
     return np.asarray(starts, dtype=np.int64), np.asarray(ends, dtype=np.int64)
@@ -105,8 +110,8 @@ def chunk_rows(
 def chunks_rows(
     group: SchedulerGroup,
     block_table: Sequence[int],
-    starts: Sequence[int],
-    ends: Sequence[int],
+    starts: Positions,
+    ends: Positions,
     chunk_size: int,
     rows_per_block: int | None = None,
 ) -> ChunkAddresses:
@@ -159,8 +164,8 @@ def chunk_pages(
 def chunks_pages(
     group: SchedulerGroup,
     block_table: Sequence[int],
-    starts: Sequence[int],
-    ends: Sequence[int],
+    starts: Positions,
+    ends: Positions,
     chunk_size: int,
 ) -> ChunkAddresses:
     """``chunk_pages`` for many chunks at once (one numpy pass, not one per chunk)."""

@@ -254,7 +254,9 @@ class SnapshotLayout:
     def fingerprint(self) -> str:
         """Hash of the byte layout (shapes, dtypes, order, pieces): snapshots
         of another layout never share a key."""
-        parts = [(g.index, len(g.layers), tuple((p.shape, p.dtype) for p in g.parts)) for g in self.groups]
+        parts: list[tuple[object, ...]] = [
+            (g.index, len(g.layers), tuple((p.shape, p.dtype) for p in g.parts)) for g in self.groups
+        ]
         parts.append((self.chunk_size, self.pieces, self.piece_bytes))
         return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 

@@ -23,20 +23,59 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Protocol, Sequence, cast
 
 import numpy as np
 import torch
 
 from lmcache_ascend.planning.flatten import PlaneAddressing
-from lmcache_ascend.planning.groups import SKIP, ChunkRequest, Granularity
+from lmcache_ascend.planning.groups import SKIP, ChunkRequest, Granularity, Plane
 from lmcache_ascend.planning.planner import KernelGroup, KernelOp, TransferPlan
 from lmcache_ascend.planning.slot_mapping import (
     ChunkAddresses,
     GroupAddress,
+    Int64Array,
     chunks_pages,
     chunks_rows,
 )
+
+
+class TransferOps(Protocol):
+    """The ops a ChunkTransfer calls: the native ``lmcache_ascend.ops``
+    (typed by ``lmcache_ascend/_ops.pyi``) or ``reference_ops``."""
+
+    def multi_plane_kv_transfer(
+        self,
+        chunk: torch.Tensor,
+        plane_ptrs: torch.Tensor,
+        plane_block_sizes: torch.Tensor,
+        plane_block_stride_bytes: torch.Tensor,
+        plane_row_bytes: torch.Tensor,
+        plane_num_blocks: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        plane_slot_offsets: torch.Tensor,
+        to_chunk: bool,
+        num_layers: int,
+    ) -> None: ...
+
+    def block_page_transfer(
+        self,
+        chunk: torch.Tensor,
+        layer_ptrs: torch.Tensor,
+        page_bytes: int,
+        block_stride_bytes: int,
+        num_blocks: int,
+        block_ids: torch.Tensor,
+        to_chunk: bool,
+    ) -> None: ...
+
+
+if TYPE_CHECKING:
+    # Both ops modules provide what TransferOps names (mypy checks it here).
+    from lmcache_ascend import _ops as _native_ops
+    from lmcache_ascend.transfer import reference_ops as _reference_ops
+
+    _OPS_MODULES: tuple[TransferOps, TransferOps] = (_native_ops, _reference_ops)
 
 _TABLE_CACHE_LIMIT = 256
 # Whole chunks addressed per numpy pass: a load of n chunks costs
@@ -91,7 +130,7 @@ class _KernelCall:
         kernel_rows = [p.block_rows for p in first]
         counts = [a.rows_per_chunk for a in kg.addressing]
 
-        def i64(values: Sequence[int]) -> torch.Tensor:
+        def i64(values: Iterable[int]) -> torch.Tensor:
             return torch.tensor(list(values), dtype=torch.int64)
 
         return cls(
@@ -125,7 +164,7 @@ def _tensors(entry: Any) -> list[torch.Tensor]:
     raise TypeError(f"kv_caches entry of type {type(entry).__name__} is not a tensor or a tuple of tensors")
 
 
-def _plane_extent(p: Any) -> int:
+def _plane_extent(p: Plane) -> int:
     """Bytes from a plane's base the kernels may touch."""
     return (p.num_blocks - 1) * p.block_stride_bytes + p.block_rows * p.row_bytes
 
@@ -186,7 +225,7 @@ class ChunkTransfer:
     def __init__(
         self,
         plan: TransferPlan,
-        ops: Any = None,
+        ops: Optional[TransferOps] = None,
         kv_device: Optional[torch.device] = None,
         staging: Optional[bool] = None,
         kv_caches: Optional[Mapping[str, Any]] = None,
@@ -240,14 +279,15 @@ class ChunkTransfer:
                 key_index.setdefault(a, len(key_index))
         self._keys = tuple(key_index)
         self._calls = tuple(_KernelCall.build(kg, key_index) for kg in plan.kernel_groups)
-        self._tables: dict[int, tuple[tuple[int, ...], np.ndarray]] = {}
+        self._tables: dict[int, tuple[tuple[int, ...], Int64Array]] = {}
         self._windows: dict[tuple[int, PlaneAddressing], tuple[tuple[int, ...], int, ChunkAddresses]] = {}
 
     @property
-    def ops(self) -> Any:
+    def ops(self) -> TransferOps:
         if self._ops is None:
             try:
-                self._ops = importlib.import_module("lmcache_ascend.ops")
+                # lmcache_ascend.ops re-exports lmcache_ascend._ops's public ops.
+                self._ops = cast(TransferOps, importlib.import_module("lmcache_ascend.ops"))
             except ImportError as exc:
                 raise ImportError(
                     "lmcache_ascend.ops (the native transfer ops) is not built; build the "
@@ -287,7 +327,7 @@ class ChunkTransfer:
         return arr
 
     def _address_chunks(
-        self, key: PlaneAddressing, table: Any, starts: np.ndarray, ends: np.ndarray
+        self, key: PlaneAddressing, table: Any, starts: Int64Array, ends: Int64Array
     ) -> ChunkAddresses:
         group = key.group_view(self._groups[key.sched_group])
         size = self.plan.chunk_size

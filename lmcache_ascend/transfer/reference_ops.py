@@ -10,18 +10,22 @@ CPU memory only.
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import numpy as np
 import torch
+from numpy.typing import NDArray
+
+Bytes = NDArray[np.uint8]
 
 
-def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
+def _bytes_at(ptr: int, nbytes: int) -> Bytes:
     if nbytes <= 0:
         return np.empty(0, dtype=np.uint8)
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
 
 
-def _blocks(ptr: int, num_blocks: int, stride: int, rows: int, row_bytes: int) -> np.ndarray:
+def _blocks(ptr: int, num_blocks: int, stride: int, rows: int, row_bytes: int) -> Bytes:
     """[num_blocks, rows, row_bytes] view of paged memory at ``ptr``."""
     span = (num_blocks - 1) * stride + rows * row_bytes
     return np.lib.stride_tricks.as_strided(
@@ -29,7 +33,7 @@ def _blocks(ptr: int, num_blocks: int, stride: int, rows: int, row_bytes: int) -
     )
 
 
-def _chunk_array(chunk: torch.Tensor, nbytes: int) -> np.ndarray:
+def _chunk_array(chunk: torch.Tensor, nbytes: int) -> Bytes:
     if chunk.device.type != "cpu" or chunk.dtype != torch.uint8 or not chunk.is_contiguous():
         raise ValueError("chunk must be a contiguous CPU uint8 tensor")
     if chunk.numel() < nbytes:
@@ -37,7 +41,9 @@ def _chunk_array(chunk: torch.Tensor, nbytes: int) -> np.ndarray:
     return chunk.numpy()
 
 
-def _move(paged: np.ndarray, ids: np.ndarray, bs: int, packed: np.ndarray, to_chunk: bool, where: str) -> None:
+def _move(
+    paged: Bytes, ids: NDArray[np.integer[Any]], bs: int, packed: Bytes, to_chunk: bool, where: str
+) -> None:
     """Rows ``ids`` (slot = block * bs + offset; < 0 = skip) between paged
     memory and ``packed`` (one row per id, skipped rows keep their place)."""
     valid = ids >= 0

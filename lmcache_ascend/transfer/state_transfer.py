@@ -16,7 +16,7 @@ being host memory. Imports neither vLLM nor LMCache.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -101,7 +101,7 @@ class StateTransfer:
         if block == NULL_BLOCK_ID or not 0 < block < self.num_blocks:
             raise ValueError(f"state block {block} is the null block or out of range (num_blocks {self.num_blocks})")
 
-    def _spans(self, piece: int):
+    def _spans(self, piece: int) -> Iterator[tuple[int, int, int, _Element, int, int]]:
         """(piece-buffer range, element, element byte range) of ``piece``."""
         lo, hi = self.layout.piece_range(piece)
         for seg, elements in self._segments:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
+    from lmcache_ascend.integration.vllm.worker import WorkerHalf
+
 logger = logging.getLogger(__name__)
 
 _VALID_ROLES = ("kv_both", "kv_producer", "kv_consumer")
@@ -78,7 +80,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self._may_store = kv_role in ("kv_both", "kv_producer")
         self._features = features
         self._scheduler = None
-        self._worker = None
+        self._worker: Optional[WorkerHalf] = None
         # On every vLLM: before 0.32 nothing shuts an in-process engine's
         # connectors down, and 0.32's InprocClient does so only when it is
         # garbage collected or at exit, after the interpreter joined threads;

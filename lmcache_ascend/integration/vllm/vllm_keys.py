@@ -81,7 +81,7 @@ def request_keys(request: Any) -> tuple[RequestKeys, Optional[Refusal]]:
         return RequestKeys(), Refusal("multimodal", "this vLLM's Request has no mm_features")
     for feature in request.mm_features or ():
         ident = getattr(feature, "identifier", None) or getattr(feature, "mm_hash", None)
-        pos = getattr(feature, "mm_position", None)
+        pos: Any = getattr(feature, "mm_position", None)  # None: AttributeError below, a refusal
         try:
             items.append(MultimodalItem(str(ident or ""), int(pos.offset), int(pos.length)))
         except (AttributeError, TypeError, ValueError) as e:

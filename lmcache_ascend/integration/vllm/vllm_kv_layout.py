@@ -14,18 +14,21 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from vllm.v1.kv_cache_interface import KVCacheConfig, UniformTypeKVCacheSpecs
 
 from lmcache_ascend.integration.vllm.vllm_specs import _compress_ratio
+
+if TYPE_CHECKING:
+    from lmcache_ascend.planning.kv_format import KVLayout
 
 
 @dataclass(frozen=True)
 class LayoutFacts:
     """What vLLM tells about its KV tensors beyond the tensors themselves."""
 
-    kv_layout: Optional[str]  # "NHD" / "HND" for token-row tensors, else None
+    kv_layout: Optional[KVLayout]  # "NHD" / "HND" for token-row tensors, else None
     layer_compress_ratio: dict[str, int]  # per layer, where a group mixes ratios
 
 
@@ -53,10 +56,10 @@ def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
 # the others interleave layers or blocks in a way a per-layer tensor of
 # whole blocks does not show, so they are left unnamed (None), which makes
 # kv_format refuse a multi-head 4-D tensor instead of guessing.
-_LAYOUT_NAMES = {"NHD": "NHD", "HND": "HND", "LBNHC": "NHD", "LBHNC": "HND"}
+_LAYOUT_NAMES: dict[str, KVLayout] = {"NHD": "NHD", "HND": "HND", "LBNHC": "NHD", "LBHNC": "HND"}
 
 
-def token_row_layout(name: Optional[str]) -> Optional[str]:
+def token_row_layout(name: Optional[str]) -> Optional[KVLayout]:
     """"NHD" / "HND" for vLLM's layout name (old or new style), else None."""
     return _LAYOUT_NAMES.get(str(name).upper()) if name else None
 

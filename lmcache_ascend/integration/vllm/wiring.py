@@ -339,6 +339,7 @@ def _worker_state(setup: ConnectorSetup, plan: Any, kv_caches: Mapping[str, Any]
     from lmcache_ascend.transfer.state_transfer import StateTransfer
 
     snapshot, gate = setup.snapshot, setup.state_gate
+    assert snapshot is not None and gate is not None  # the caller checks both
     if snapshot.piece_bytes > plan.chunk_bytes:
         # The scheduler sized pieces by a lower bound of the chunk buffer
         # (planning/state_align.py): a bigger piece means the bound is wrong.

@@ -8,12 +8,12 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, cast
 
 import torch
 
 from lmcache_ascend.integration.vllm.stats import WorkerCounters
-from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StateLoad, StepTransfers
+from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StateLoad, StateStore, StepTransfers
 from lmcache_ascend.lmcache_bridge.chunk_io import TransferContext
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
@@ -331,7 +331,8 @@ class WorkerHalf:
                         "%d): a load for it failed on this or another rank, so it was computed on "
                         "missing KV; vLLM recomputes it",
                         req.req_id,
-                        req.store.end if req.store is not None else req.state_store.position,
+                        # One of the two is set (the condition above).
+                        req.store.end if req.store is not None else cast(StateStore, req.state_store).position,
                     )
                     continue
                 if req.store is not None and self._store_one(req):
