@@ -46,7 +46,11 @@ _FIELD = re.compile(
     re.IGNORECASE,
 )
 
-_lock = threading.Lock()
+# Re-entrant: a log record can be made while this thread holds it (the
+# garbage collector runs a finalizer that logs, e.g. asyncio's "Task was
+# destroyed", in the middle of a match), and the record factory takes it
+# again. A plain Lock hung the process there.
+_lock = threading.RLock()
 _secrets: set[str] = set()
 _installed = False
 _previous_factory: Optional[Callable[..., logging.LogRecord]] = None
@@ -94,7 +98,8 @@ def _shows_secret(text: str) -> bool:
     if ("pass" in lowered or "secret" in lowered) and _FIELD.search(text):
         return True
     with _lock:
-        return any(s in text for s in _secrets)
+        secrets = tuple(_secrets)
+    return any(s in text for s in secrets)
 
 
 def _factory(*args: Any, **kwargs: Any) -> logging.LogRecord:

@@ -166,3 +166,23 @@ def test_no_log_line_shows_the_password(server, log_text):
 )
 def test_redaction_patterns(line, shown):
     assert credentials.redact(line) == shown
+
+
+def test_a_record_made_while_this_thread_holds_the_lock_does_not_hang():
+    """The garbage collector can run a finalizer that logs (asyncio's "Task
+    was destroyed but it is pending") while this thread is inside the record
+    factory's secret match: the factory must not wait on itself. It hung a
+    unit-test run with a plain Lock."""
+    import threading
+
+    credentials.install()
+    credentials.register(["hunter2-secret-value"])
+    done = threading.Event()
+
+    def log_inside_the_lock():
+        with credentials._lock:  # as if a finalizer logged in the middle of a match
+            logging.getLogger("lmcache_ascend.test").warning("reentrant record hunter2-secret-value")
+        done.set()
+
+    threading.Thread(target=log_inside_the_lock, daemon=True).start()
+    assert done.wait(10), "a record made inside the secret match hung its thread"
