@@ -34,8 +34,8 @@ import pytest
 from lmcache_ascend.cli.engine_run import CONNECTOR_MODULE
 from lmcache_ascend.cli.tiny_models import token_prompt
 
+from openai_server import Server, wait_ready
 from redis_server import RedisServer, ensure_redis_server, free_port
-from .test_server_load import Server, wait_ready
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 

@@ -17,14 +17,12 @@ from lmcache_ascend.cli.tiny_models import token_prompt
 from lmcache_ascend.compat import vllm_features
 
 import sched_trace
+from engine_checks import CHUNK, assert_same
 from faults import ENGINE_CORE_ENV, MULTIPROCESS
 
 from .conftest import run_engine_in, run_reference_in
 
 pytestmark = pytest.mark.engine
-
-CHUNK = 256
-LOGPROB_TOL = 1e-3
 
 A = token_prompt(3 * CHUNK + 100, seed=1)  # 868 tokens: 3 whole chunks are cacheable
 B = A[:600] + token_prompt(200, seed=2)  # shares 2 whole chunks with A, then diverges
@@ -40,15 +38,6 @@ def phases() -> list[Phase]:
         Phase("short", [SHORT], reset_prefix_cache=True, sequential=True),
         Phase("batch", [A, B, C, SHORT], reset_prefix_cache=True),
     ]
-
-
-def assert_same(got, ref, what: str, tol: float = LOGPROB_TOL) -> None:
-    assert len(got.completions) == len(ref.completions), what
-    for i, (g, r) in enumerate(zip(got.completions, ref.completions)):
-        assert g.tokens == r.tokens, f"{what}[{i}]: tokens {g.tokens} != {r.tokens}"
-        assert len(g.logprobs) == len(r.logprobs)
-        worst = max((abs(a - b) for a, b in zip(g.logprobs, r.logprobs)), default=0.0)
-        assert worst <= tol, f"{what}[{i}]: logprobs differ by {worst} (tolerance {tol})"
 
 
 def run_pair(run_engine, model: str, dtype: str = "float32", env: dict | None = None, **kw):

@@ -8,7 +8,7 @@ import pytest
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
 
-from .test_engine_hits import CHUNK, assert_same
+from engine_checks import CHUNK, assert_same
 
 pytestmark = pytest.mark.engine
 

@@ -16,64 +16,25 @@ from __future__ import annotations
 
 import os
 import signal
-from dataclasses import dataclass
 
 import pytest
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario
-from lmcache_ascend.cli.tiny_models import token_prompt
 from faults import (
     CHUNK,
     FAULT_LOG_TAG,
-    EngineProcess,
     faulty_transfer_config,
-    mismatch,
     reference_outputs,
     reliability_prompts,
-    request_transfers,
     run_engine_process,
 )
+from fault_runs import FLUSH, Run
 
 from redis_server import RedisServer, ensure_redis_server
 
 pytestmark = pytest.mark.engine
 
 TWO = 2 * CHUNK  # whole chunks of every E prompt
-EXIT_BOUND_S = 60.0
-
-
-@dataclass
-class Run:
-    proc: EngineProcess
-    names: list[str]  # prompt name of each request, in submission order
-    ref: dict
-
-    @property
-    def log(self) -> str:
-        return self.proc.log
-
-    def transfers(self) -> dict:
-        return request_transfers(self.proc.log)
-
-    def assert_all_identical(self) -> int:
-        assert self.proc.results is not None, "engine failed:\n" + self.proc.log[-8000:]
-        comps = [c for p in self.proc.results if p.name != "flush" for c in p.completions]
-        assert len(comps) == len(self.names)
-        for i, (name, comp) in enumerate(zip(self.names, comps)):
-            diff = mismatch(comp, self.ref[name])
-            assert diff is None, f"request {i} ({name}): {diff}"
-        return len(comps)
-
-    def assert_exited_in_bound(self) -> None:
-        assert not self.proc.timed_out and self.proc.returncode == 0
-        assert self.proc.last_phase_to_exit_s is not None
-        assert self.proc.last_phase_to_exit_s < EXIT_BOUND_S
-
-
-# A short prompt (no whole chunk: no lookup, no store) sent last: the
-# worker logs a request's summary when its finish reaches the worker with
-# the next step, so this flushes the summary of the last real request.
-FLUSH = token_prompt(100, seed=999)
 
 
 def run_phases(model, work, tag, phases: list[tuple[str, list[str], bool]], env, faulty=False) -> Run:

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import pytest
 
+from engine_checks import CHUNK, assert_same
 from faults import faulty_transfer_config
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
 
 from .conftest import run_engine_in, run_reference_in
-from .test_engine_hits import CHUNK, assert_same
 
 pytestmark = pytest.mark.engine
 

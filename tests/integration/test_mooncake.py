@@ -29,16 +29,14 @@ from pathlib import Path
 import pytest
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario
-from faults import CHUNK, FAULT_LOG_TAG, faulty_transfer_config, mismatch, reference_outputs, reliability_prompts
-from faults import request_transfers, run_engine_process
+from faults import CHUNK, FAULT_LOG_TAG, mismatch, run_engine_process
+from fault_runs import EXIT_BOUND_S, FLUSH, Run, hits, run_remote
 
 from mooncake_server import MooncakeStore
-from .test_faults import FLUSH, Run
 
 pytestmark = [pytest.mark.engine, pytest.mark.mooncake]
 
 TWO = 2 * CHUNK  # whole chunks of every E prompt
-EXIT_BOUND_S = 60.0
 
 
 def _config(remote_url: str, extra: dict):
@@ -148,26 +146,6 @@ def _remote_env(store: MooncakeStore, local_cpu: bool) -> dict[str, str]:
     return env
 
 
-def _run(model, work, tag, phases, env, faulty=True) -> Run:
-    """phases: (name, prompt names, reset vLLM's prefix cache first);
-    requests one by one, numbered in order (test_faults.run_phases)."""
-    prompts = reliability_prompts()
-    scenario = Scenario(
-        model=model,
-        phases=[Phase(n, [prompts[p] for p in ps], reset_prefix_cache=r, sequential=True) for n, ps, r in phases]
-        + [Phase("flush", [FLUSH], sequential=True)],
-        connector="none" if faulty else "ascend",
-        engine_kwargs={"kv_transfer_config": faulty_transfer_config()} if faulty else {},
-    )
-    proc = run_engine_process(scenario, work, tag, env=env, timeout_s=400, exit_bound_s=EXIT_BOUND_S)
-    return Run(proc, [p for _, ps, _ in phases for p in ps], reference_outputs(model, work))
-
-
-def _hits(run: Run) -> list[tuple[int, int]]:
-    tr = run.transfers()
-    return [(tr[i].hit, tr[i].loaded) if i in tr else None for i in range(len(run.names))]
-
-
 def _failures(log: str) -> list[str]:
     return re.findall(r"Mooncake (\w+) failed \(code (-?\d+|None)\)", log)
 
@@ -187,10 +165,10 @@ def llama_pair(work, tiny_model):
     then its segment holder is killed before B's 3rd lookup."""
     model = tiny_model("llama")
     with MooncakeStore(work / "llama", segment="64MB") as s:
-        a = _run(model, work, "llama_a", [("store", ["E0", "E1"], False)], _remote_env(s, True), faulty=False)
+        a = run_remote(model, work, "llama_a", [("store", ["E0", "E1"], False)], _remote_env(s, True), faulty=False)
         env = _remote_env(s, False)
         env.update(LMCA_FAULT_PID=str(s.holder.pid), LMCA_FAULT_SIGNALS="3:KILL")
-        b = _run(
+        b = run_remote(
             model, work, "llama_b",
             [
                 ("shared", ["E0", "E1"], False),  # 0, 1: hits stored by A
@@ -209,15 +187,15 @@ def test_llama_engine_b_hits_what_a_stored(llama_pair):
     assert a.assert_all_identical() == 2
     assert [a.transfers()[i].stored for i in (0, 1)] == [TWO, TWO]
     assert b.assert_all_identical() == 6
-    assert _hits(b)[:2] == [(TWO, TWO), (TWO, TWO)]
+    assert hits(b)[:2] == [(TWO, TWO), (TWO, TWO)]
 
 
 def test_segment_holder_killed_is_served_as_misses(llama_pair):
     _, b = llama_pair
     assert f"{FAULT_LOG_TAG} sent SIGKILL" in b.log
     for i in range(2, 6):
-        hit, loaded = _hits(b)[i]
-        assert loaded == 0, (i, _hits(b))  # never a byte from a dead holder
+        hit, loaded = hits(b)[i]
+        assert loaded == 0, (i, hits(b))  # never a byte from a dead holder
     fails = _failures(b.log)
     assert fails, "the holder's loss was not logged"
     assert len(fails) == len(set(op for op, _ in fails)), fails  # logged once per kind
@@ -244,7 +222,7 @@ def full_then_master_killed(work, tiny_model) -> Run:
             "--eviction_high_watermark_ratio=1.0", "--eviction_ratio=0", "--default_kv_lease_ttl=600000")) as s:
         env = _remote_env(s, False)
         env.update(LMCA_FAULT_PID=str(s.master.pid), LMCA_FAULT_SIGNALS="21:KILL")
-        run = _run(
+        run = run_remote(
             model, work, "full_then_master_killed",
             [
                 ("fill", fill, False),  # 0..17: the store fills up
@@ -289,8 +267,8 @@ def test_master_killed_is_served_as_misses(full_then_master_killed):
 @pytest.fixture(scope="module")
 def gemma_pair(work, tiny_model, store):
     model = tiny_model("gemma3")
-    a = _run(model, work, "gemma_a", [("store", ["S0", "S1"], False)], _remote_env(store, True), faulty=False)
-    b = _run(model, work, "gemma_b", [("shared", ["S0", "S1"], False)], _remote_env(store, False), faulty=False)
+    a = run_remote(model, work, "gemma_a", [("store", ["S0", "S1"], False)], _remote_env(store, True), faulty=False)
+    b = run_remote(model, work, "gemma_b", [("shared", ["S0", "S1"], False)], _remote_env(store, False), faulty=False)
     return a, b
 
 
@@ -299,7 +277,7 @@ def test_gemma3_engine_b_hits_what_a_stored(gemma_pair):
     assert a.assert_all_identical() == 2
     assert [a.transfers()[i].stored for i in (0, 1)] == [3 * CHUNK] * 2
     assert b.assert_all_identical() == 2
-    assert _hits(b) == [(3 * CHUNK, 3 * CHUNK)] * 2
+    assert hits(b) == [(3 * CHUNK, 3 * CHUNK)] * 2
     assert not _failures(b.log)
     for r in (a, b):
         r.assert_exited_in_bound()

@@ -23,10 +23,9 @@ from lmcache_ascend.lmcache_bridge.remote_pool import RECONNECT_S
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 
 from faults import CHUNK, run_engine_process
+from fault_runs import hits, run_remote
 from mooncake_server import MooncakeStore, free_port
 from redis_server import RedisServer, ensure_redis_server
-
-from .test_mooncake import _hits, _run
 
 pytestmark = pytest.mark.engine
 
@@ -76,8 +75,8 @@ def test_pool_down_at_startup_is_served_and_used_once_back(backend, tmp_path, ti
     )
     previous = signal.signal(signal.SIGUSR1, on_signal)
     try:
-        run = _run(tiny_model("llama"), tmp_path, f"outage_{backend}",
-                   [("down", ["E0"], False), ("back", ["E1"], True), ("hit", ["E1"], True)], env)
+        run = run_remote(tiny_model("llama"), tmp_path, f"outage_{backend}",
+                         [("down", ["E0"], False), ("back", ["E1"], True), ("hit", ["E1"], True)], env)
     finally:
         signal.signal(signal.SIGUSR1, previous)
         pool.stop()
@@ -93,9 +92,9 @@ def test_pool_down_at_startup_is_served_and_used_once_back(backend, tmp_path, ti
     assert "connected (was unavailable for" in log, log[-4000:]
     # Down: a miss, nothing stored anywhere (no local cache). Back: stored
     # into the pool. Then hit from it, every whole chunk.
-    hits = _hits(run)
-    assert hits[0] == (0, 0) and hits[1] == (0, 0), hits
-    assert hits[2][0] == 2 * CHUNK and hits[2][1] == 2 * CHUNK, hits
+    got = hits(run)
+    assert got[0] == (0, 0) and got[1] == (0, 0), got
+    assert got[2][0] == 2 * CHUNK and got[2][1] == 2 * CHUNK, got
     # Counted, as vLLM exports the connector's counters (where it does).
     counters = [p.counters for p in run.proc.results if p.counters]
     assert not counters or counters[-1].get("remote_unavailable", 0) >= 1, counters

@@ -25,15 +25,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import threading
 import time
-import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -42,6 +39,7 @@ import pytest
 from lmcache_ascend.cli.engine_run import CONNECTOR_MODULE
 from lmcache_ascend.cli.tiny_models import token_prompt
 
+from openai_server import STOP_TIMEOUT_S, Server, wait_ready
 from redis_server import free_port
 
 pytestmark = pytest.mark.engine
@@ -54,9 +52,7 @@ LOGPROB_TOL = 1e-3
 KV_SPACE_GIB = 1
 LMCACHE_CPU_GIB = 0.5
 RSS_MARGIN_MIB = 768
-START_TIMEOUT_S = 420
 REQUEST_TIMEOUT_S = 180
-STOP_TIMEOUT_S = 60
 
 
 def prompts() -> list[list[int]]:
@@ -67,75 +63,6 @@ def prompts() -> list[list[int]]:
         for j in range(REQUESTS_PER_THREAD):
             out.append(token_prompt(2 * CHUNK + 40 + 50 * j, seed=600 + 10 * p + j, prefix=prefix))
     return out
-
-
-@dataclass
-class Server:
-    name: str
-    proc: subprocess.Popen
-    port: int
-    log_path: Path
-    peak_rss: int = 0  # whole life, startup included
-    serving_peak_rss: int = 0  # since mark_serving()
-    samples: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _sampler: Optional[threading.Thread] = None
-
-    @property
-    def base(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def start_sampling(self) -> None:
-        import psutil
-
-        def sample() -> None:
-            root = psutil.Process(self.proc.pid)
-            while not self._stop.is_set() and self.proc.poll() is None:
-                total = 0
-                try:
-                    procs = [root] + root.children(recursive=True)
-                except psutil.Error:
-                    break
-                for p in procs:
-                    try:
-                        total += p.memory_info().rss
-                    except psutil.Error:
-                        pass
-                self.peak_rss = max(self.peak_rss, total)
-                self.serving_peak_rss = max(self.serving_peak_rss, total)
-                self.samples += 1
-                self._stop.wait(0.2)
-
-        self._sampler = threading.Thread(target=sample, daemon=True, name=f"rss-{self.name}")
-        self._sampler.start()
-
-    def mark_serving(self) -> None:
-        self.serving_peak_rss = 0
-
-    def stop(self) -> float:
-        """SIGTERM the server process (as a supervisor would); returns seconds
-        until it exited, or inf when it needed SIGKILL after STOP_TIMEOUT_S.
-        Whatever is left of its process group is killed afterwards."""
-        self._stop.set()
-        took = 0.0
-        if self.proc.poll() is None:
-            t0 = time.time()
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=STOP_TIMEOUT_S)
-                took = time.time() - t0
-            except subprocess.TimeoutExpired:
-                took = float("inf")
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=30)
-        return took
 
 
 def start_server(name: str, model: str, work: Path, connector: bool) -> Server:
@@ -169,21 +96,6 @@ def start_server(name: str, model: str, work: Path, connector: bool) -> Server:
     server = Server(name, proc, port, log_path)
     server.start_sampling()
     return server
-
-
-def wait_ready(server: Server) -> None:
-    deadline = time.time() + START_TIMEOUT_S
-    while time.time() < deadline:
-        if server.proc.poll() is not None:
-            raise AssertionError(f"{server.name} exited ({server.proc.returncode}):\n" + server.log()[-6000:])
-        try:
-            with urllib.request.urlopen(server.base + "/health", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
-        time.sleep(1.0)
-    raise AssertionError(f"{server.name} not ready in {START_TIMEOUT_S} s:\n" + server.log()[-6000:])
 
 
 def post(server: Server, path: str, body: Optional[dict] = None) -> dict:

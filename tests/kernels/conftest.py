@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Fixtures for the native kernel tests; helpers live in kernel_helpers.py."""
+"""Fixtures for the native kernel tests; helpers live in kernel_helpers.py,
+the checks that the CPU op tests and the AscendC simulation's tests share in
+*_checks.py (test modules import no test module)."""
 
 from __future__ import annotations
 

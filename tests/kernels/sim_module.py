@@ -10,7 +10,8 @@ built for another torch is an error, never skipped.
 
 from __future__ import annotations
 
-import importlib
+import importlib.machinery
+import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -33,15 +34,33 @@ def load() -> ModuleType:
 
     if not built():
         raise ImportError(f"the AscendC simulation module is not built; {HOW_TO_BUILD}")
-    if str(SIM_DIR) not in sys.path:
-        sys.path.insert(0, str(SIM_DIR))
-    module = importlib.import_module(NAME)
+    module = sys.modules.get(NAME) or _import_built()
     if module._torch_version != torch.__version__:
         raise ImportError(
             f"{module.__file__} was built against torch {module._torch_version}, but this "
             f"process runs torch {torch.__version__}; rebuild: {HOW_TO_BUILD}"
         )
     return module
+
+
+def _import_built() -> ModuleType:
+    """Imports the module from its file in SIM_DIR (the one this Python's
+    import system would pick, by extension suffix), leaving SIM_DIR off the
+    import path."""
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        path = SIM_DIR / f"{NAME}{suffix}"
+        if path.is_file():
+            spec = importlib.util.spec_from_file_location(NAME, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[NAME] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[NAME]
+                raise
+            return module
+    raise ImportError(f"no {NAME} in {SIM_DIR} is built for this Python "
+                      f"({', '.join(importlib.machinery.EXTENSION_SUFFIXES)}); {HOW_TO_BUILD}")
 
 
 def require() -> ModuleType:

@@ -4,11 +4,12 @@
 lmca_ascend_sim (test-only, see sim_module.py) runs each op through the op layer's Ascend path,
 the NPU launchers' meta packing and the real AscendC kernel bodies
 (csrc/ascend/kernels) on simulated AI cores with the hardware's rules
-checked.  The tests below call the byte-exact tests of test_ops_*.py
-unchanged, with `native` bound to the simulation on several machines
-(block dims 1, 4, 20, 40; UB sizes whose tiles are smaller than a row or a
-page, so spans are moved in pieces with a tail).  test_ascend_sim_rules.py
-holds the planted violations.
+checked.  The tests below run the byte-exact checks of the CPU op tests
+(test_ops_*.py, from token_row_checks.py, block_kv_checks.py and
+multi_plane_checks.py) unchanged, with `native` bound to the simulation on
+several machines (block dims 1, 4, 20, 40; UB sizes whose tiles are
+smaller than a row or a page, so spans are moved in pieces with a tail).
+test_ascend_sim_rules.py holds the planted violations.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import sim_module  # noqa: E402
 
 sim = sim_module.require()
 
-import test_ops_block_kv as bk  # noqa: E402
-import test_ops_multi_plane as mp  # noqa: E402
-import test_ops_token_rows as tr  # noqa: E402
+import block_kv_checks as bk  # noqa: E402
+import multi_plane_checks as mp  # noqa: E402
+import token_row_checks as tr  # noqa: E402
 from kernel_helpers import DTYPES  # noqa: E402
 
 KIB = 1024
@@ -76,60 +77,60 @@ def machine(request) -> Machine:
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", tr.ALL_FORMATS)
 def test_token_rows_vs_reference(machine, gen, fmt, d2h, padded):
-    tr.test_multi_layer_vs_reference(machine, gen, fmt, d2h, padded)
+    tr.check_multi_layer_vs_reference(machine, gen, fmt, d2h, padded)
 
 
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", tr.NHD_FORMATS)
 def test_token_rows_vs_lmcache_baseline(machine, gen, fmt, d2h):
     for dtype in DTYPES:
-        tr.test_multi_layer_vs_lmcache_baseline(machine, gen, fmt, dtype, d2h)
+        tr.check_multi_layer_vs_lmcache_baseline(machine, gen, fmt, dtype, d2h)
 
 
 @pytest.mark.parametrize("token_major", [False, True])
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", tr.ALL_FORMATS)
 def test_single_layer(machine, gen, fmt, d2h, token_major):
-    tr.test_single_layer(machine, gen, fmt, d2h, token_major)
+    tr.check_single_layer(machine, gen, fmt, d2h, token_major)
 
 
 def test_strided_chunk_and_short_slot_mapping(machine, gen):
-    tr.test_strided_chunk_and_short_slot_mapping(machine, gen)
+    tr.check_strided_chunk_and_short_slot_mapping(machine, gen)
 
 
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", bk.ALL_FORMATS)
 def test_block_kv(machine, gen, fmt, d2h):
-    bk.test_block_kv_vs_lmcache_baseline(machine, gen, fmt, d2h)
-    bk.test_block_kv_padded_vs_reference(machine, gen, fmt, d2h)
+    bk.check_block_kv_vs_lmcache_baseline(machine, gen, fmt, d2h)
+    bk.check_block_kv_padded_vs_reference(machine, gen, fmt, d2h)
 
 
 @pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
 def test_multi_plane(machine, to_chunk):
-    mp.test_dsv4_like_many_layers(machine, to_chunk)  # 584/132/6-byte rows, 61 layers
-    mp.test_random_geometries(machine, to_chunk)
+    mp.check_dsv4_like_many_layers(machine, to_chunk)  # 584/132/6-byte rows, 61 layers
+    mp.check_random_geometries(machine, to_chunk)
 
 
 def test_multi_plane_shared_blob_and_round_trip(machine):
-    mp.test_shared_blob_planes(machine)
-    mp.test_round_trip_restores_selected_rows(machine)
+    mp.check_shared_blob_planes(machine)
+    mp.check_round_trip_restores_selected_rows(machine)
 
 
 @pytest.mark.parametrize("tight", [True, False], ids=["tight", "padded"])
 @pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
 def test_block_pages(machine, to_chunk, tight):
-    mp.test_block_pages(machine, to_chunk, tight)
+    mp.check_block_pages(machine, to_chunk, tight)
 
 
 def test_block_pages_vllm_cpu_layout(machine):
-    mp.test_block_pages_vllm_cpu_layout(machine)
+    mp.check_block_pages_vllm_cpu_layout(machine)
 
 
 # ---- the op layer's checks run before any kernel ----------------------------
 
 def test_bad_inputs_rejected_before_any_write(gen):
     m = Machine(4, 1 * KIB)
-    bk.test_block_kv_rejects_bad_block_ids_before_writing(m, gen)
+    bk.check_block_kv_rejects_bad_block_ids_before_writing(m, gen)
     assert m.runs == []  # no simulated launch started
 
 
@@ -143,7 +144,7 @@ def test_non_cpu_tensor_is_refused():
 # ---- what the machine did ----------------------------------------------------
 
 def _dsv4_store(machine: Machine):
-    mp.test_dsv4_like_many_layers(machine, True)
+    mp.check_dsv4_like_many_layers(machine, True)
     (run,) = machine.runs
     return run
 

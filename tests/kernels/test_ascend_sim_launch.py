@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import sim_module
-import test_ops_multi_plane as mp
-import test_ops_token_rows as tr
+import multi_plane_checks as mp
+import token_row_checks as tr
 
 sim = sim_module.require()
 
@@ -33,9 +33,9 @@ def test_every_kernel_declares_aiv_only(gen):
             op = getattr(sim, name)
             return lambda *a, **k: runs.append(op(*a, **k))
 
-    mp.test_dsv4_like_many_layers(Recorder(), True)  # multi-plane kernel
-    mp.test_block_pages(Recorder(), True, True)  # block-page kernel
-    tr.test_single_layer(Recorder(), gen, tr.ALL_FORMATS[0], True, False)  # token rows
+    mp.check_dsv4_like_many_layers(Recorder(), True)  # multi-plane kernel
+    mp.check_block_pages(Recorder(), True, True)  # block-page kernel
+    tr.check_single_layer(Recorder(), gen, tr.ALL_FORMATS[0], True, False)  # token rows
     launched = [r for r in runs if r["launches"]]  # calls with no rows launch nothing
     assert len(launched) >= 3
     assert all(r["task_type"] == KERNEL_TYPE_AIV_ONLY for r in launched)

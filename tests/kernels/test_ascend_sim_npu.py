@@ -25,9 +25,9 @@ import torch
 
 import kv_reference as ref
 import lmcache_ascend.ops as ops
-import test_ops_block_kv as bk
-import test_ops_multi_plane as mp
-import test_ops_token_rows as tr
+import block_kv_checks as bk
+import multi_plane_checks as mp
+import token_row_checks as tr
 from kernel_helpers import DTYPES
 
 DEVICE = os.environ.get("LMCA_KERNEL_TEST_DEVICE", "cpu")
@@ -166,50 +166,50 @@ def device_ops() -> DeviceMirror:
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", tr.ALL_FORMATS)
 def test_token_rows_vs_reference(device_ops, gen, fmt, d2h, padded):
-    tr.test_multi_layer_vs_reference(device_ops, gen, fmt, d2h, padded)
+    tr.check_multi_layer_vs_reference(device_ops, gen, fmt, d2h, padded)
 
 
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", tr.NHD_FORMATS)
 def test_token_rows_vs_lmcache_baseline(device_ops, gen, fmt, d2h):
     for dtype in DTYPES:
-        tr.test_multi_layer_vs_lmcache_baseline(device_ops, gen, fmt, dtype, d2h)
+        tr.check_multi_layer_vs_lmcache_baseline(device_ops, gen, fmt, dtype, d2h)
 
 
 @pytest.mark.parametrize("token_major", [False, True])
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", tr.ALL_FORMATS)
 def test_single_layer(device_ops, gen, fmt, d2h, token_major):
-    tr.test_single_layer(device_ops, gen, fmt, d2h, token_major)
+    tr.check_single_layer(device_ops, gen, fmt, d2h, token_major)
 
 
 def test_strided_chunk_and_short_slot_mapping(device_ops, gen):
-    tr.test_strided_chunk_and_short_slot_mapping(device_ops, gen)
+    tr.check_strided_chunk_and_short_slot_mapping(device_ops, gen)
 
 
 @pytest.mark.parametrize("d2h", [True, False], ids=["store", "load"])
 @pytest.mark.parametrize("fmt", bk.ALL_FORMATS)
 def test_block_kv(device_ops, gen, fmt, d2h):
-    bk.test_block_kv_vs_lmcache_baseline(device_ops, gen, fmt, d2h)
-    bk.test_block_kv_padded_vs_reference(device_ops, gen, fmt, d2h)
+    bk.check_block_kv_vs_lmcache_baseline(device_ops, gen, fmt, d2h)
+    bk.check_block_kv_padded_vs_reference(device_ops, gen, fmt, d2h)
 
 
 @pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
 def test_multi_plane(device_ops, to_chunk):
-    mp.test_dsv4_like_many_layers(device_ops, to_chunk)
-    mp.test_random_geometries(device_ops, to_chunk)
+    mp.check_dsv4_like_many_layers(device_ops, to_chunk)
+    mp.check_random_geometries(device_ops, to_chunk)
 
 
 def test_multi_plane_shared_blob_and_round_trip(device_ops):
-    mp.test_shared_blob_planes(device_ops)
-    mp.test_round_trip_restores_selected_rows(device_ops)
+    mp.check_shared_blob_planes(device_ops)
+    mp.check_round_trip_restores_selected_rows(device_ops)
 
 
 @pytest.mark.parametrize("tight", [True, False], ids=["tight", "padded"])
 @pytest.mark.parametrize("to_chunk", [True, False], ids=["store", "load"])
 def test_block_pages(device_ops, to_chunk, tight):
-    mp.test_block_pages(device_ops, to_chunk, tight)
-    mp.test_block_pages_vllm_cpu_layout(device_ops)
+    mp.check_block_pages(device_ops, to_chunk, tight)
+    mp.check_block_pages_vllm_cpu_layout(device_ops)
 
 
 def test_mirror_copies_and_merges_aliased_ranges():

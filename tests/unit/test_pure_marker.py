@@ -6,6 +6,7 @@ only things such a stack changes."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,20 +18,8 @@ pytestmark = pytest.mark.pure
 UNIT = Path(__file__).resolve().parent
 TESTS = UNIT.parent
 
-_PROBE = r"""
-import importlib.util, json, sys
-sys.path[:0] = [sys.argv[1], sys.argv[1] + "/support"]
-path = sys.argv[2]
-spec = importlib.util.spec_from_file_location("probe_module", path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-marks = getattr(module, "pytestmark", [])
-marks = marks if isinstance(marks, list) else [marks]
-print(json.dumps({
-    "pure": any(m.name == "pure" for m in marks),
-    "loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("vllm", "lmcache")),
-}))
-"""
+# Run in a fresh interpreter, tests/ on its PYTHONPATH (support/pure_probe.py).
+PROBE = TESTS / "support" / "pure_probe.py"
 
 
 def _marked_pure() -> list[Path]:
@@ -43,8 +32,10 @@ def test_some_modules_are_marked():
 
 @pytest.mark.parametrize("path", _marked_pure(), ids=lambda p: p.stem)
 def test_pure_module_loads_neither_vllm_nor_lmcache(path):
+    paths = [str(TESTS)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     out = subprocess.run(
-        [sys.executable, "-c", _PROBE, str(TESTS), str(path)], capture_output=True, text=True, timeout=300
+        [sys.executable, str(PROBE), str(path)], capture_output=True, text=True, timeout=300, env=env
     )
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

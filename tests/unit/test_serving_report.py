@@ -2,17 +2,13 @@
 (``bench_serving.py --repeats``), against numpy on the same figures, and the
 validation of the options that choose those servers."""
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
+import bench_modules
 
-import bench_serving  # noqa: E402
-import serving_report  # noqa: E402
+bench_serving = bench_modules.load("bench_serving")
+serving_report = bench_modules.load("serving_report")
 
 # Imports neither vLLM nor LMCache: a stack sharing the primary's torch skips it.
 pytestmark = pytest.mark.pure

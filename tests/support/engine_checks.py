@@ -1,0 +1,21 @@
+"""What the engine tests compare a run with the connector against: the
+chunk unit their prompts are built in, and outputs equal to a run without
+the connector (tokens exactly, logprobs within a tolerance).
+
+Shared by tests/integration/test_engine_hits.py and the engine tests that
+reuse its comparison (test_adapter_route, test_engine_modes,
+test_lookup_ahead)."""
+
+from __future__ import annotations
+
+CHUNK = 256
+LOGPROB_TOL = 1e-3
+
+
+def assert_same(got, ref, what: str, tol: float = LOGPROB_TOL) -> None:
+    assert len(got.completions) == len(ref.completions), what
+    for i, (g, r) in enumerate(zip(got.completions, ref.completions)):
+        assert g.tokens == r.tokens, f"{what}[{i}]: tokens {g.tokens} != {r.tokens}"
+        assert len(g.logprobs) == len(r.logprobs)
+        worst = max((abs(a - b) for a, b in zip(g.logprobs, r.logprobs)), default=0.0)
+        assert worst <= tol, f"{what}[{i}]: logprobs differ by {worst} (tolerance {tol})"
