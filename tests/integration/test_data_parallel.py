@@ -34,6 +34,7 @@ import pytest
 from lmcache_ascend.cli.engine_run import CONNECTOR_MODULE
 from lmcache_ascend.cli.tiny_models import token_prompt
 
+from engine_checks import one_core_per_rank
 from openai_server import Server, wait_ready
 from redis_server import RedisServer, ensure_redis_server, free_port
 
@@ -60,7 +61,7 @@ def _start(work: Path, model: str, redis_url: str) -> Server:
     env = dict(
         os.environ,
         VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_CPU_OMP_THREADS_BIND="0|1",  # one core per DP rank (one NUMA node)
+        VLLM_CPU_OMP_THREADS_BIND=one_core_per_rank(2),  # one core per DP rank (one NUMA node)
         LMCACHE_REMOTE_URL=redis_url,
         LMCACHE_REMOTE_SERDE="naive",
         LMCACHE_LOCAL_CPU="True",

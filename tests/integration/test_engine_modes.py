@@ -8,7 +8,7 @@ import pytest
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
 
-from engine_checks import CHUNK, assert_same
+from engine_checks import CHUNK, assert_same, one_core_per_rank
 
 pytestmark = pytest.mark.engine
 
@@ -134,7 +134,7 @@ def test_user_script_exits_and_keeps_its_chunks(tmp_path, tiny_model, mode):
            "LMCACHE_MAX_LOCAL_DISK_SIZE": "1", "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5",
            "LMCACHE_CHUNK_SIZE": str(CHUNK)}
     if tp > 1:  # vLLM-CPU runs TP>1 only with its threads bound to one NUMA node
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
+        env["VLLM_CPU_OMP_THREADS_BIND"] = one_core_per_rank(tp)
     env.pop("PYTHONHASHSEED", None)
     with open(tmp_path / "script.log", "w") as log:
         proc = subprocess.Popen([sys.executable, str(script), model, json.dumps(prompt), str(done), str(tp), delete],

@@ -33,6 +33,7 @@ from lmcache_ascend.cli.engine_run import Phase, Scenario
 from lmcache_ascend.cli.tiny_models import token_prompt
 
 import sched_trace
+from engine_checks import one_core_per_rank
 from faults import faulty_transfer_config
 
 from .conftest import run_engine_in
@@ -46,7 +47,7 @@ A = token_prompt(3 * BLOCK + 100, seed=11)  # 3 whole chunks cacheable
 B = A[:300] + token_prompt(300, seed=12)  # shares 2 whole chunks with A
 # Two ranks, one core each (one NUMA node); the engine core in the test's
 # process, so a batch is queued whole before its first step.
-TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "0|1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+TP_ENV = {"VLLM_CPU_OMP_THREADS_BIND": one_core_per_rank(2), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 ONE_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 MODELS = {"llama": "float32", "gemma2": "float32", "deepseek_v2": "bfloat16"}
 

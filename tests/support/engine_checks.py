@@ -19,3 +19,16 @@ def assert_same(got, ref, what: str, tol: float = LOGPROB_TOL) -> None:
         assert len(g.logprobs) == len(r.logprobs)
         worst = max((abs(a - b) for a, b in zip(g.logprobs, r.logprobs)), default=0.0)
         assert worst <= tol, f"{what}[{i}]: logprobs differ by {worst} (tolerance {tol})"
+
+
+def one_core_per_rank(ranks: int = 2) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` giving each of ``ranks`` ranks one core
+    of those this process may run on (read, not assumed to be 0 and 1: a
+    container may be pinned elsewhere). vLLM-CPU runs TP/DP > 1 only with
+    its threads bound."""
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        raise RuntimeError(f"{ranks} ranks need {ranks} cores; this process may run on {cores}")
+    return "|".join(str(c) for c in cores[:ranks])
