@@ -44,6 +44,7 @@ stderr, and that process is spawned as vLLM would.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -100,6 +101,7 @@ def _popen(process_obj):
     return _ServerPopen(process_obj, address)
 
 
+@functools.cache  # built on first use: a process that never spawns imports none of it
 def _server_popen_class():
     from multiprocessing import popen_forkserver, resource_tracker, spawn, util
     from multiprocessing.context import reduction, set_spawning_popen
@@ -154,14 +156,8 @@ def _server_popen_class():
     return ServerPopen
 
 
-class _Lazy:
-    cls = None
-
-
 def _ServerPopen(process_obj, address):
-    if _Lazy.cls is None:
-        _Lazy.cls = _server_popen_class()
-    return _Lazy.cls(process_obj, address)
+    return _server_popen_class()(process_obj, address)
 
 
 def _prepare_with(original):
