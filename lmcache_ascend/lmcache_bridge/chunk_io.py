@@ -27,6 +27,7 @@ from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
 from lmcache_ascend.lmcache_bridge import lmcache_modules
+from lmcache_ascend.lmcache_bridge.step_puts import DeferredSeals
 from lmcache_ascend.planning.groups import ChunkRequest
 
 GPUConnectorInterface = lmcache_modules.load(lmcache_modules.GPU_CONNECTORS).GPUConnectorInterface
@@ -212,6 +213,9 @@ class PagedChunkConnector(GPUConnectorInterface):  # type: ignore[misc,valid-typ
         self.trailer_bytes = TRAILER_BYTES if trailer else 0
         self._mac_key = mac_key
         self.key_scope = key_scope
+        # Inside a step whose puts are held (step_puts.py) a chunk's seal
+        # runs on the hand-off thread, before its puts; elsewhere, at once.
+        self.seals = DeferredSeals(self._seal_beside)
 
     @property
     def authenticated(self) -> bool:
@@ -236,6 +240,18 @@ class PagedChunkConnector(GPUConnectorInterface):  # type: ignore[misc,valid-typ
             tag = bytes(TAG_BYTES)
             raw = tag + struct.pack("<I", crc) + (_MAGIC if ident is None else _MAGIC_KEYED)
         trailer.copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+
+    def _seal_beside(self, buf: torch.Tensor, ident: Optional[int]) -> None:
+        # LMCache's store runs in torch.inference_mode, so its buffers are
+        # inference tensors, and that mode is per thread: the hand-off
+        # thread enters it to write the trailer.
+        with torch.inference_mode():
+            self._seal(buf, ident)
+
+    def _seal_stored(self, obj: MemoryObj, buf: torch.Tensor, ident: Optional[int]) -> None:
+        # Without checksums the trailer is only zeroed: not worth a hand-off.
+        if not (self.checksums and self.seals.hold(obj, buf, ident)):
+            self._seal(buf, ident)
 
     def verify(self, memory_obj: MemoryObj, start: int, ident: Optional[int] = None) -> None:
         """Raise ``ChunkCorrupted`` unless ``memory_obj`` holds a whole chunk
@@ -338,7 +354,7 @@ class PagedChunkConnector(GPUConnectorInterface):  # type: ignore[misc,valid-typ
                 if piece is not None:
                     assert ctx.state is not None  # a piece index needs a state
                     ctx.state.store_piece(buf[: self.chunk_bytes], piece)
-                    self._seal(buf, ident)
+                    self._seal_stored(obj, buf, ident)
                     continue
                 result = self._store(buf, ChunkRequest(start, end, ctx.block_ids))
                 if getattr(result, "stored", True) is False:
@@ -347,7 +363,7 @@ class PagedChunkConnector(GPUConnectorInterface):  # type: ignore[misc,valid-typ
                         f"request {ctx.req_id}: chunk at token {start} has groups without "
                         f"real blocks ({getattr(result, 'incomplete', ())}); not stored"
                     )
-                self._seal(buf, ident)
+                self._seal_stored(obj, buf, ident)
         except BaseException:
             # LMCache's store() drops the batch without freeing it on an
             # exception: return the buffers to its allocator here.

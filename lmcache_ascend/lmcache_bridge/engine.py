@@ -248,15 +248,18 @@ class WorkerEngine:
             prepare_token_database(engine, spec.chunk_size, "worker")
             # Before the lookup server exists: every lookup it answers stages.
             staging = LookupStaging(engine, connector.verify).install()
-            step_puts = StepPuts.install(engine)
+            # The seals of a step's chunks run beside it when they can
+            # (step_puts.py); a connector without checksums has none.
+            step_puts = StepPuts.install(engine, connector.seals if connector.checksums else None)
         server = factory.create_lookup_server(engine, metadata)
         worker = cls(engine, server, instance_id, staging, connector, step_puts)
         worker._reconnector = Reconnector(engine).start()
         return worker
 
     def step(self) -> contextlib.AbstractContextManager[Handoff]:
-        """Around one step's stores: their remote puts are handed to
-        LMCache once, at the end, off this thread (``step_puts.py``)."""
+        """Around one step's stores: their disk and remote puts, and the
+        chunks' seals, are handed off once, at the end, and run off this
+        thread (``step_puts.py``)."""
         return self._step_puts.step() if self._step_puts is not None else contextlib.nullcontext(Handoff())
 
     def drain_puts(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:

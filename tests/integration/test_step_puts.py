@@ -13,6 +13,7 @@ reference the hand-off took."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 
@@ -176,3 +177,137 @@ def test_close_hands_off_what_is_still_held(redis_engine):
     engine.close()
     assert calls == [4]
     assert len(_redis_values(server, 4)) == 4
+
+
+# ---- seals beside the step ---------------------------------------------------
+# A chunk's checksum reads its whole payload: inside a step whose puts are
+# held it is computed on the hand-off thread, and the chunk reaches the disk
+# and remote backends only sealed.
+
+
+@pytest.fixture
+def disk_and_redis_engine(tmp_path, monkeypatch):
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and cannot be installed here")
+    from lmcache_ascend.lmcache_bridge import chunk_io
+
+    sealed_on: list[str] = []
+    crc = chunk_io._crc
+
+    def recorded(payload, ident=None):
+        sealed_on.append(threading.current_thread().name)
+        return crc(payload, ident)
+
+    monkeypatch.setattr(chunk_io, "_crc", recorded)
+    current = {"first": 0}
+
+    def store(buf: torch.Tensor, req: ChunkRequest) -> None:
+        buf[:CHUNK_BYTES].copy_(_pattern(current["first"], req.start))
+
+    with RedisServer(tmp_path / "redis") as server:
+        config = LMCacheEngineConfig.from_defaults(
+            chunk_size=CHUNK,
+            local_cpu=True,
+            max_local_cpu_size=0.05,
+            local_disk=f"file://{tmp_path / 'disk'}/",
+            max_local_disk_size=0.05,
+            remote_url=server.url,
+            remote_serde="naive",
+            pre_caching_hash_algorithm="sha256_cbor",
+            save_unfull_chunk=False,
+        )
+        spec = EngineSpec("step-seals-test", f"step-seals-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
+        connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, store, lambda buf, req: None, checksums=True)
+        engine = WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+        try:
+            yield engine, connector, server, sealed_on, current
+        finally:
+            engine.close()
+
+
+def _disk_entries(engine: WorkerEngine, want: int, timeout: float = 20.0) -> dict:
+    disk = engine.engine.storage_manager.storage_backends["LocalDiskBackend"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and len(disk.dict) < want:
+        time.sleep(0.05)
+    return {key: disk.get_blocking(key) for key in list(disk.dict)}
+
+
+def test_a_steps_seals_run_beside_it_and_only_sealed_chunks_leave(disk_and_redis_engine):
+    engine, connector, server, sealed_on, current = disk_and_redis_engine
+    assert engine._step_puts is not None and engine._step_puts.seals_deferred
+    with engine.step():
+        shared = _store(engine, current, SHARED, "a")
+        other = _store(engine, current, OTHER, "c")
+        # Copied, not sealed: no checksum was computed on the storing thread,
+        # and nothing reached the disk or Redis; the local cache serves them.
+        assert sealed_on == []
+        assert _disk_entries(engine, 0, timeout=0) == {}
+        with server.client() as c:
+            assert c.dbsize() == 0
+        assert engine.engine.lookup(tokens=SHARED, lookup_id="x", pin=False) == len(SHARED)
+    assert engine.drain_puts(10)
+    assert sealed_on == ["lmcache-ascend-puts"] * 6
+    assert connector.seals.sealed == 6
+
+    # Every copy that left the process verifies under its own key, with the
+    # bytes the step stored (the reference pattern).
+    ident_start = {ident: (tokens[0], start) for tokens, ids in ((SHARED, shared), (OTHER, other))
+                   for start, ident in ids.items()}
+    values = _redis_values(server, 6)
+    assert len(values) == 6
+    for key, value in values.items():
+        (ident,) = [i for i in ident_start if f"@{i:x}@".encode() in key or f"@{i}@".encode() in key]
+        first, start = ident_start[ident]
+        buf = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+        connector._verify(buf, start, ident)  # raises ChunkCorrupted on a bad seal
+        assert torch.equal(buf[:CHUNK_BYTES], _pattern(first, start))
+    disk = _disk_entries(engine, 6)
+    assert len(disk) == 6
+    for key, obj in disk.items():
+        first, start = ident_start[key.chunk_hash]
+        connector.verify(obj, start, key.chunk_hash)
+        assert torch.equal(obj.tensor.view(torch.uint8).reshape(-1)[:CHUNK_BYTES], _pattern(first, start))
+        obj.ref_count_down()
+    # The seals' references are returned with the puts'.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(o.get_ref_count() != 1 for o in _local_objs(engine).values()):
+        time.sleep(0.05)
+    assert sorted(o.get_ref_count() for o in _local_objs(engine).values()) == [1] * 6
+
+
+def test_outside_a_step_a_chunk_is_sealed_before_its_puts(disk_and_redis_engine):
+    engine, connector, server, sealed_on, current = disk_and_redis_engine
+    _store(engine, current, SHARED, "a")
+    assert sealed_on == [threading.current_thread().name] * 4
+    assert len(_redis_values(server, 4)) == 4
+
+
+def test_a_chunk_that_cannot_be_sealed_never_leaves_the_process(disk_and_redis_engine, monkeypatch, caplog):
+    engine, connector, server, sealed_on, current = disk_and_redis_engine
+    from lmcache_ascend.lmcache_bridge import chunk_io
+
+    crc = chunk_io._crc
+    calls = {"n": 0}
+
+    def second_fails(payload, ident=None):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise MemoryError("seal failed")
+        return crc(payload, ident)
+
+    monkeypatch.setattr(chunk_io, "_crc", second_fails)
+    with caplog.at_level(logging.ERROR, logger="lmcache_ascend.lmcache_bridge.step_puts"):
+        with engine.step():
+            ids = _store(engine, current, SHARED, "a")
+        assert engine.drain_puts(10)
+    assert sum("sealing a chunk failed" in r.getMessage() for r in caplog.records) == 1
+    values = _redis_values(server, 3)
+    time.sleep(0.5)  # a fourth value, wrongly handed off, would be there by now
+    with server.client() as c:
+        assert len([k for k in c.keys() if k.endswith(b"kv_bytes")]) == 3
+    second = sorted(ids)[1]
+    assert not any(f"@{ids[second]:x}@".encode() in k or f"@{ids[second]}@".encode() in k for k in values)
+    assert len(_disk_entries(engine, 3)) == 3
+    # The local cache still serves all four (it is never verified).
+    assert engine.engine.lookup(tokens=SHARED, lookup_id="y", pin=False) == len(SHARED)
