@@ -1,26 +1,25 @@
 """lmcache-ascend: multi-group (hybrid) KV-cache offload for vLLM through LMCache.
 
-``import lmcache_ascend`` imports neither LMCache nor vLLM and changes nothing
-by itself: it exposes the version, registers the vLLM steps of the
-LMCacheConnectorV1 route with the bridge, and installs an import hook
-(``lmcache_ascend.lmcache_bridge.hook``) that applies this package's LMCache
-patches, each once, when LMCache loads the module it patches, and only on the
-LMCache releases it was verified on (``lmcache_bridge/patches.py``). That is
-what makes vLLM's own ``LMCacheConnectorV1`` (and vLLM-Ascend's
-``LMCacheAscendConnector``, which imports this package for exactly this) work
-on the CPU and on NPUs. The package adds no log handlers: its loggers
-(``lmcache_ascend.*``) follow LMCache's logging configuration once a
-connector starts.
+``import lmcache_ascend`` exposes the version and nothing else: it imports
+neither LMCache, vLLM nor any subpackage, installs no import hook and adds
+no log handler. Importing a lower package (``planning``, ``transfer``,
+``ops``; LMCache imports ``ops`` while it initializes on NPU hosts) runs no
+vLLM integration code either; tests/unit/test_layering.py checks both.
+
+The LMCache patches (``lmcache_bridge/patches.py``: each applied once, when
+LMCache loads the module it patches, and only on the releases it was verified
+on) are turned on by ``lmcache_ascend.integration.vllm.adapter_route.install``,
+which the entry points call: the vLLM plugin (this package's
+``vllm.general_plugins`` entry point, run by vLLM in every process before it
+builds a KV connector) and the dynamic connector's module. The plugin is what
+makes vLLM's own ``LMCacheConnectorV1`` (and vLLM-Ascend's
+``LMCacheAscendConnector``, which only imports this package) work on the CPU
+and on NPUs; adapter_route.py says why the install is not done here.
+
+The package's loggers (``lmcache_ascend.*``) follow LMCache's logging
+configuration once a connector starts.
 """
 
 __version__ = "0.1.0"
 
 __all__ = ["__version__"]
-
-from lmcache_ascend.integration.vllm import adapter_route as _adapter_route  # noqa: E402
-from lmcache_ascend.lmcache_bridge import hook as _hook  # noqa: E402
-
-# The vLLM steps of the LMCacheConnectorV1 route, before the patch that calls
-# them can run: the bridge must not import the vLLM integration itself.
-_adapter_route.register()
-_hook.install()

@@ -1,8 +1,11 @@
 """Applies ``patches.PATCHES`` when LMCache loads the modules they change.
 
-``import lmcache_ascend`` must stay cheap and must not import LMCache: on an
-NPU host LMCache itself imports ``lmcache_ascend.ops`` while it initializes,
-so importing LMCache from here would be circular. A meta-path finder instead
+Installed by ``lmcache_ascend.integration.vllm.adapter_route.install`` (the
+vLLM plugin and the dynamic connector's module call it), never by importing
+a package: ``import lmcache_ascend`` changes nothing in the process. Both
+this module and :func:`install` must stay cheap and must not import LMCache:
+on an NPU host LMCache itself imports ``lmcache_ascend.ops`` while it
+initializes, so importing LMCache from here would be circular. A meta-path finder instead
 waits for the patched modules and patches each right after it has executed
 (or at once, if it was imported before the hook was installed). vLLM
 imports LMCache's vLLM adapter lazily, when its ``LMCacheConnectorV1`` is
@@ -10,7 +13,7 @@ built; by then LMCache is initialized and the shim may import from it.
 
 The finder looks a module up under the name the installed LMCache gives it
 (``lmcache_modules``); the installed release is read on the first import of
-an LMCache module, not by ``import lmcache_ascend``. On LMCache 0.5.7rc2,
+an LMCache module, not by :func:`install`. On LMCache 0.5.7rc2,
 which moved its vLLM adapter under ``lmcache.inprocess`` without an alias,
 it also serves the adapter's old name, which vLLM's ``LMCacheConnectorV1``
 imports, with the moved module (said once in the log).
@@ -84,7 +87,7 @@ class _AliasLoader(importlib.abc.Loader):
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path, target=None):
         if not fullname.startswith("lmcache."):
-            return None  # before the release is read: import lmcache_ascend stays cheap
+            return None  # before the release is read: installing the hook stays cheap
         layout = lmcache_modules.verified_layout()
         alias = layout.vllm_aliases.get(fullname) if layout is not None else None
         if alias is not None:
@@ -114,8 +117,9 @@ def install() -> None:
         sys.meta_path.insert(0, _Finder())
         if "lmcache" not in sys.modules:
             return
-        # A module still executing (LMCache importing us from its own init)
-        # is skipped; the connectors register and patch at startup.
+        # A module still executing (install called from code LMCache runs
+        # while importing it) is skipped: patching half a module would fail;
+        # the connectors register our config keys at startup themselves.
         present = [
             (name, sys.modules[name])
             for name in patches.by_module()

@@ -4,8 +4,8 @@
 that read vLLM's types or build the transfer plan belong to the vLLM
 integration layer (``lmcache_ascend.integration.vllm.adapter_route``), which
 the bridge must not import. That layer hands them over as one
-:class:`AdapterRoute`; ``import lmcache_ascend`` registers it before it
-installs the import hook, so the route is there whenever the patch is.
+:class:`AdapterRoute`; its ``install`` registers it before it installs the
+import hook, so the route is there whenever the patch is.
 
 Imports neither LMCache, vLLM nor torch: registering costs nothing.
 """
@@ -55,8 +55,8 @@ def registered() -> AdapterRoute:
     if route is None:
         raise RouteNotRegistered(
             "lmcache-ascend: LMCache's vLLM adapter is patched but its vLLM steps are not "
-            "registered in this process; import lmcache_ascend (the package, which "
-            "registers lmcache_ascend.integration.vllm.adapter_route) before vLLM builds "
+            "registered in this process; call lmcache_ascend.integration.vllm.adapter_route.install() "
+            "(this package's vLLM plugin does, unless VLLM_PLUGINS leaves it out) before vLLM builds "
             "LMCacheConnectorV1"
         )
     return route

@@ -3,8 +3,9 @@
 Without lmcache-ascend, LMCache 0.5.6's adapter stops at startup on this
 platform (``No supported cpu connector found``; see
 tests/unit/test_adapter_shim.py). With it installed, vLLM's plugin loading
-imports ``lmcache_ascend`` in every vLLM process, and the shim gives LMCache's
-engine our chunk path. Each run is compared with a run without a connector.
+runs the package's plugin in every vLLM process, which installs the patches
+(``adapter_route.install``), and the shim gives LMCache's engine our chunk
+path. Each run is compared with a run without a connector.
 """
 
 from __future__ import annotations

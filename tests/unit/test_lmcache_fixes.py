@@ -3,8 +3,9 @@
 ``RemoteBackend.batched_get_blocking`` cancels the gets queued behind a
 failed one. Unpatched, each such cancel can kill one of the executor's four
 workers (``set_result`` on a cancelled future), after which every remote call
-(``exists`` for lookups included) waits forever. ``import lmcache_ascend``
-shields the futures (lmcache_ascend/lmcache_bridge/patches.py).
+(``exists`` for lookups included) waits forever. The patches the vLLM plugin
+and the connector module install (``adapter_route.install``) shield the
+futures (lmcache_ascend/lmcache_bridge/patches.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import threading
 
-import lmcache_ascend  # noqa: F401  (installs the hook)
-from lmcache.v1.storage_backend.job_executor.pq_executor import AsyncPQExecutor
+from lmcache_ascend.integration.vllm import adapter_route
+
+adapter_route.install()  # as the entry points do, before LMCache loads the module
+from lmcache.v1.storage_backend.job_executor.pq_executor import AsyncPQExecutor  # noqa: E402
 
 
 def test_cancelled_callers_do_not_kill_the_workers():

@@ -115,7 +115,9 @@ def test_every_patch_applies_once_its_module_is_imported():
     pytest.importorskip("vllm", reason="LMCache's vLLM adapter imports vLLM")
     targets = [PATHS[RELEASE].get(p.module, p.module) for p in patches.PATCHES]
     code = (
-        "import importlib, json, lmcache_ascend\n"
+        "import importlib, json\n"
+        "from lmcache_ascend.integration.vllm import adapter_route\n"
+        "adapter_route.install()  # as the entry points do\n"
         "from lmcache_ascend.lmcache_bridge import patches\n"
         f"targets = {targets!r}\n"
         "before = sorted(patches.applied())\n"
@@ -148,7 +150,9 @@ def test_vllm_import_of_the_adapter_gets_the_patched_class():
         pytest.skip(f"LMCache {RELEASE}: no paths read for it")
     pytest.importorskip("vllm", reason="LMCache's vLLM adapter imports vLLM")
     code = (
-        "import json, sys, lmcache_ascend\n"
+        "import json, sys\n"
+        "from lmcache_ascend.integration.vllm import adapter_route\n"
+        "adapter_route.install()  # the vLLM plugin did, before vLLM builds LMCacheConnectorV1\n"
         "from lmcache_ascend.lmcache_bridge import hook\n"
         "from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl as Impl\n"
         "mod = sys.modules['lmcache.integration.vllm.vllm_v1_adapter']\n"
@@ -170,11 +174,13 @@ def test_vllm_import_of_the_adapter_gets_the_patched_class():
     assert said == (1 if moved != lmcache_modules.VLLM_ADAPTER else 0)
 
 
-def test_import_lmcache_ascend_reads_no_version():
+def test_import_lmcache_ascend_and_installing_the_hook_read_no_version():
     """The release is read on LMCache's first import, not by ``import
-    lmcache_ascend`` (which must stay cheap)."""
+    lmcache_ascend`` nor by installing the hook (both must stay cheap)."""
     code = (
         "import json, lmcache_ascend\n"
+        "from lmcache_ascend.integration.vllm import adapter_route\n"
+        "adapter_route.install()\n"
         "from lmcache_ascend.lmcache_bridge import lmcache_modules\n"
         "before = lmcache_modules.release.cache_info().currsize\n"
         "import lmcache.v1.config\n"

@@ -4,13 +4,38 @@
 GPU-connector factory and three methods of ``LMCacheConnectorV1Impl``). The
 steps of that route that read vLLM's types or build the transfer plan are
 here: the startup checks with vLLM's load-failure policy, a shutdown where
-vLLM gives the connector none, and the plan for vLLM's KV tensors. ``import
-lmcache_ascend`` registers them with the bridge (``register``), which calls
-them through ``lmcache_bridge.route_registry``: dependencies point down, the
-bridge never imports this layer.
+vLLM gives the connector none, and the plan for vLLM's KV tensors. The bridge
+calls them through ``lmcache_bridge.route_registry``: dependencies point
+down, the bridge never imports this layer.
 
-Imports nothing of vLLM or LMCache at import time (``import lmcache_ascend``
-imports this module).
+:func:`install` is the one place that turns the LMCache patches on: it
+registers these steps, then installs the bridge's import hook
+(``lmcache_bridge.hook``), in that order, so the patched adapter never runs
+without its steps. ``import lmcache_ascend`` does not call it: importing the
+package or a lower one (``planning``, ``transfer``; ``ops``, which LMCache
+itself imports while it initializes on NPU hosts) must change nothing in the
+process and run no code of this layer. The entry
+points call it instead, each before LMCache can load a module it patches:
+
+* the vLLM plugin (``plugin.register``, this package's
+  ``vllm.general_plugins`` entry point), which vLLM runs in every process
+  (front end, engine core, workers) before it builds a KV connector. That is
+  what serves vLLM's ``LMCacheConnectorV1`` and vLLM-Ascend's
+  ``LMCacheAscendConnector``, which only ``import lmcache_ascend``: the
+  import finds the hook already installed by the plugin. (A ``VLLM_PLUGINS``
+  list that leaves out ``lmcache_ascend`` turns that off; such a process
+  must call :func:`install` itself.)
+* the dynamic connector's module (``lmcache_ascend_connector_v1``), at
+  import, so naming it by ``kv_connector_module_path`` alone also works.
+
+The hook also patches modules LMCache loaded before it was installed
+(``hook.install``), so an entry point that runs after ``import lmcache``
+is still in time; only the 0.5.7rc2 alias of the adapter's old name needs
+the hook before vLLM imports that name, which the plugin ensures (vLLM runs
+it before it builds any connector).
+
+Imports nothing of vLLM or LMCache at import time; neither does
+:func:`install` (it patches only LMCache modules already loaded).
 """
 
 from __future__ import annotations
@@ -19,7 +44,7 @@ import logging
 import os
 from typing import Any, Callable, Mapping, Optional
 
-from lmcache_ascend.lmcache_bridge import route_registry
+from lmcache_ascend.lmcache_bridge import hook, route_registry
 
 logger = logging.getLogger(__name__)
 
@@ -143,3 +168,11 @@ STEPS = route_registry.AdapterRoute(prepare=prepare, install_shutdown=install_sh
 def register() -> None:
     """Hands these steps to the bridge's patch of LMCache's adapter."""
     route_registry.register(STEPS)
+
+
+def install() -> None:
+    """Registers these steps, then installs the import hook that applies
+    the LMCache patches. Idempotent and cheap; see the module docstring for
+    who calls it and why ``import lmcache_ascend`` does not."""
+    register()  # first: the patched adapter looks its steps up when it runs
+    hook.install()

@@ -10,6 +10,13 @@ Use it with::
     --kv-transfer-config '{"kv_connector":"LMCacheAscendConnectorV1Dynamic",
       "kv_role":"kv_both",
       "kv_connector_module_path":"lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1"}'
+
+Importing this module installs the LMCache patches (``adapter_route.install``;
+our config keys, the job-executor fix and the LMCacheConnectorV1 shim): the
+halves build LMCache's engine from a config that must know our keys, and
+``import lmcache_ascend`` installs nothing. Where vLLM loaded this
+package's plugin the patches are installed already; naming this module by
+``kv_connector_module_path`` with the plugin disabled works all the same.
 """
 
 from __future__ import annotations
@@ -26,8 +33,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from lmcache_ascend.compat import require_supported
-from lmcache_ascend.integration.vllm import vllm_keys, vllm_step_view
+from lmcache_ascend.integration.vllm import adapter_route, vllm_keys, vllm_step_view
 from lmcache_ascend.integration.vllm.transfer_meta import StepTransfers
+
+# At import, before vLLM builds either half (both load LMCache modules).
+adapter_route.install()
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig

@@ -1,13 +1,24 @@
-"""vLLM general plugin: makes ``"kv_connector": "LMCacheAscendConnectorV1Dynamic"``
-resolvable in every vLLM process without ``kv_connector_module_path``.
+"""vLLM general plugin (this package's ``vllm.general_plugins`` entry point).
 
-vLLM may load general plugins several times per process; registration is
+vLLM runs it in every process (front end, engine core, workers) before it
+builds a KV connector. It
+
+* installs the LMCache patches (``adapter_route.install``). ``import
+  lmcache_ascend`` no longer does that, so this is what serves vLLM's own
+  ``LMCacheConnectorV1`` and vLLM-Ascend's ``LMCacheAscendConnector`` (which
+  only imports the package) on the CPU and on NPUs;
+* makes ``"kv_connector": "LMCacheAscendConnectorV1Dynamic"`` resolvable
+  without ``kv_connector_module_path``.
+
+vLLM may load general plugins several times per process; both steps are
 idempotent.
 """
 
 from __future__ import annotations
 
 import logging
+
+from lmcache_ascend.integration.vllm import adapter_route
 
 CONNECTOR_NAME = "LMCacheAscendConnectorV1Dynamic"
 CONNECTOR_MODULE = "lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1"
@@ -16,6 +27,10 @@ logger = logging.getLogger(__name__)
 
 
 def register() -> None:
+    # First, and whatever happens below: the patches are needed by vLLM's
+    # LMCacheConnectorV1 even where our connector name is registered already.
+    adapter_route.install()
+
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     if CONNECTOR_NAME in KVConnectorFactory._registry:

@@ -17,6 +17,7 @@ from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, State
 from lmcache_ascend.lmcache_bridge.chunk_io import TransferContext
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
+from lmcache_ascend.planning.store_runs import StripePart, chunk_starts, complete_runs, stripe_runs
 
 logger = logging.getLogger(__name__)
 
@@ -385,11 +386,11 @@ class WorkerHalf:
         return True
 
     def _complete_runs(self, req: RequestTransfer) -> list[tuple[int, int]]:
-        """Contiguous runs of chunks whose every stored group has real blocks."""
+        """Contiguous runs of chunks whose every stored group has real blocks
+        (planning/store_runs.py); each incomplete chunk is counted and logged."""
         assert req.store is not None
-        runs: list[tuple[int, int]] = []
-        run_start: Optional[int] = None
-        for start in range(req.store.start, req.store.end, self.chunk_size):
+        complete = []
+        for start in chunk_starts(req.store.start, req.store.end, self.chunk_size):
             chunk = ChunkRequest(start, start + self.chunk_size, req.block_ids)
             incomplete = self.transfer.incomplete_groups(chunk)
             if incomplete:
@@ -402,33 +403,16 @@ class WorkerHalf:
                     start + self.chunk_size,
                     list(incomplete),
                 )
-                if run_start is not None:
-                    runs.append((run_start, start))
-                    run_start = None
-                continue
-            if run_start is None:
-                run_start = start
-        if run_start is not None:
-            runs.append((run_start, req.store.end))
-        return runs
+            complete.append(not incomplete)
+        return complete_runs(req.store.start, req.store.end, self.chunk_size, complete)
 
     # Set by wiring for a replicated cache in a shared backend
     # (integration/vllm/parallel.py): this rank stores only its stripe.
-    stripe: Any = None
+    stripe: Optional[StripePart] = None
 
     def _stripe_runs(self, runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """The part of each run this rank stores: all of it without a
-        stripe, else its contiguous share (another rank stores the rest
-        under the same keys)."""
-        if self.stripe is None:
-            return runs
-        out = []
-        for start, end in runs:
-            first, k = start // self.chunk_size, -(-(end - start) // self.chunk_size)
-            j0, j1 = self.stripe.part(first, k)
-            if j1 > j0:
-                out.append((start + j0 * self.chunk_size, min(end, start + j1 * self.chunk_size)))
-        return out
+        """The part of each run this rank stores (planning/store_runs.py)."""
+        return stripe_runs(runs, self.chunk_size, self.stripe)
 
     def _store_one(self, req: RequestTransfer) -> bool:
         """Stores the request's complete chunks (this rank's stripe); whether
