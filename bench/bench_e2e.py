@@ -23,8 +23,8 @@ requests:
        prompt): the same forward as (c) without any transfer, so
        (c) - (e) is the load path alone.
 
-Bytes loaded = the worker's planned ``chunk_bytes`` (from the
-``LMCACHE_ASCEND_PLAN_JSON`` log line) x loaded chunks. For sliding-window
+Bytes loaded = the worker's planned ``chunk_bytes`` (from the plan file
+it writes, ``LMCACHE_ASCEND_PLAN_FILE``) x loaded chunks. For sliding-window
 groups vLLM hands out the null block for positions outside the window, and
 the load skips them; "written" bytes count only what lands in real blocks.
 The plain-copy reference is ``torch.Tensor.copy_`` of the same number of
@@ -88,6 +88,7 @@ from e2e_logs import (  # noqa: E402
 from e2e_profile import PhaseProfiler, print_profiles  # noqa: E402
 from e2e_report import Row, print_report  # noqa: E402
 import e2e_state  # noqa: E402
+from lmcache_ascend.cli.plan_file import plan_env, read_plan  # noqa: E402
 
 PHASE_MARK = "BENCH_E2E_PHASE"
 RESERVED_CPUS = 0  # --reserved-cpus
@@ -247,15 +248,20 @@ class EngineRun:
     log: str
     wall_s: float
     startup_s: float  # process start -> first phase (model load, KV alloc, warm-up of vLLM)
+    # The ascend_plan_file of the run: read_plan(plan_file) is worker 0's
+    # plan (none without the connector).
+    plan_file: Path
 
 
 def run_engine(sc, workdir: Path, tag: str, timeout: int, env_extra=None) -> EngineRun:
     sc_path = workdir / f"{tag}.scenario.json"
     out_path = workdir / f"{tag}.out.json"
     log_path = workdir / f"{tag}.log"
+    plan_file = (workdir / f"{tag}.plan.json").absolute()
     sc_path.write_text(json.dumps(asdict(sc)))
     env = dict(os.environ)
     env.update(env_extra or {})
+    env.update(plan_env(plan_file))  # the bench reads the plan from there
     env["VLLM_CPU_KVCACHE_SPACE"] = str(sc.kv_cache_gib)
     # vLLM-CPU reserves one core for its scheduler process and, when a KV
     # connector is configured, one more; on a machine with few cores the
@@ -281,7 +287,7 @@ def run_engine(sc, workdir: Path, tag: str, timeout: int, env_extra=None) -> Eng
         raise RuntimeError(f"engine run {tag} failed (rc={proc.returncode}); log tail:\n{tail}")
     marks = [float(m.group(1)) for m in re.finditer(rf"^{PHASE_MARK} (\S+) phase ", text, re.M)]
     startup = (marks[0] - t0) if marks else float("nan")
-    return EngineRun(json.loads(out_path.read_text()), text, wall, startup)
+    return EngineRun(json.loads(out_path.read_text()), text, wall, startup, plan_file)
 
 
 @dataclass
@@ -338,10 +344,10 @@ def measure_model(name: str, spec, args, workdir: Path, log):
             runs[connector] = (run, [p.name for p in sc.phases])
         base = ttfts(runs[False][0])
         conn = ttfts(runs[True][0])
-        rplan, plog = parse_log(runs[True][0].log, runs[True][1])
-        if rplan is None:
-            raise RuntimeError(f"{name}: no LMCACHE_ASCEND_PLAN_JSON line in the connector log")
-        plan = plan or rplan
+        plog = parse_log(runs[True][0].log, runs[True][1])
+        # The record is {text, plan, groups, agreement, state, ...}: the
+        # figures read its plan (chunk size, bytes, per-group sizing).
+        plan = plan or read_plan(runs[True][0].plan_file)["plan"]
         for n in lengths:
             smp = per_len[n]
             for r in reps:
@@ -404,7 +410,7 @@ def profile_model(name: str, spec, args, workdir: Path, log) -> None:
     env = {PROFILE_ENV: str(prof), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     run = run_engine(sc, workdir, f"{name}-profile", args.timeout, env)
     t = ttfts(run)
-    _, plog = parse_log(run.log, [p.name for p in sc.phases])
+    plog = parse_log(run.log, [p.name for p in sc.phases])
     for key, v in t.items():
         pl = plog.get(key, PhaseLog())
         log(f"[{name}] {key}: ttft {v['ttft']:.3f} s, cached {v['cached']}, LMCache retrieve "

@@ -36,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_e2e  # noqa: E402
 import e2e_state  # noqa: E402
-from lmcache_ascend.cli.spawn import PLAN_MARKER, plan_from_log  # noqa: E402
+from lmcache_ascend.cli.plan_file import read_plan  # noqa: E402
 
 # The connector's per-request summary (integration/vllm/worker.py,
 # WorkerHalf._log_record): per-group stored bytes, and the state snapshot's
@@ -97,9 +97,7 @@ def measure(model: str, block: int, args, workdir: Path, log) -> tuple[int, list
     sc = Scenario(model=model, phases=[], dtype="bfloat16", max_model_len=4096,
                   engine_kwargs=dict(e2e_state.ENGINE_KWARGS, block_size=block))
     run = bench_e2e.run_engine(sc, workdir, f"plan-{block}", args.timeout)
-    record = next((plan_from_log(line) for line in run.log.splitlines() if PLAN_MARKER in line), None)
-    if record is None:
-        raise RuntimeError(f"block {block}: the connector logged no plan")
+    record = read_plan(run.plan_file)  # bench_e2e.run_engine asked the worker for it
     state = record.get("state") or {}
     if not state.get("enabled"):
         raise RuntimeError(f"block {block}: Mamba state hits are off: {state}")

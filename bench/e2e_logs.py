@@ -1,5 +1,6 @@
-"""Helpers of bench_e2e.py: parsing LMCache's and our log lines, figures
-from an engine run, a plain-copy reference and the machine description."""
+"""Helpers of bench_e2e.py: parsing LMCache's and our per-request log lines
+(the plan is read from its file, lmcache_ascend.cli.plan_file), figures from
+an engine run, a plain-copy reference and the machine description."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
-
-from lmcache_ascend.cli.spawn import PLAN_MARKER, plan_from_log
 
 
 # ---------------------------------------------------------- log parsing --
@@ -44,8 +43,9 @@ class PhaseLog:
     transfer_s: float = float("nan")  # worker: loads + stores of the request
 
 
-def parse_log(text: str, phase_names: list[str]):
-    plan = None
+def parse_log(text: str, phase_names: list[str]) -> dict[str, PhaseLog]:
+    """Per phase: what LMCache stored and retrieved, and the connector's
+    transfer time."""
     per_phase: dict[str, PhaseLog] = {}
 
     def at(idx: str) -> Optional[PhaseLog]:
@@ -53,11 +53,6 @@ def parse_log(text: str, phase_names: list[str]):
         return per_phase.setdefault(phase_names[i], PhaseLog()) if i < len(phase_names) else None
 
     for line in text.splitlines():
-        if plan is None and PLAN_MARKER in line:
-            # The worker's record is {text, plan, groups, agreement, state}:
-            # the figures here read its plan (chunk size, bytes, per-group sizing).
-            plan = plan_from_log(line)["plan"]
-            continue
         m = STORED_RE.search(line)
         if m and (pl := at(m.group(1))) is not None:
             pl.stored_tokens += int(m.group(2))
@@ -71,7 +66,7 @@ def parse_log(text: str, phase_names: list[str]):
         m = SUMMARY_RE.search(line)
         if m and (pl := at(m.group(1))) is not None:
             pl.transfer_s = float(m.group(5))
-    return plan, per_phase
+    return per_phase
 
 
 # -------------------------------------------------------------- figures --

@@ -21,7 +21,6 @@ bench_e2e.py, and what differs for it.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -76,15 +75,14 @@ def read_state_plan(model: str, scenario_cls, run_engine: Callable, workdir: Pat
     """Start the connector on an empty workload and return the worker's plan
     record (``plan``, ``state``: block size B, snapshot bytes, pieces)."""
     sc = scenario_cls(model=model, phases=[], dtype="bfloat16", engine_kwargs=dict(ENGINE_KWARGS), max_model_len=4096)
+    from lmcache_ascend.cli.plan_file import read_plan
+
     run = run_engine(sc, workdir, "qwen3_next-plan", timeout)
-    for line in run.log.splitlines():
-        if "LMCACHE_ASCEND_PLAN_JSON " in line:
-            record, _ = json.JSONDecoder().raw_decode(line.split("LMCACHE_ASCEND_PLAN_JSON ", 1)[1])
-            state = record.get("state") or {}
-            if not state.get("enabled"):
-                raise RuntimeError(f"Mamba state hits are off for the bench model: {state}")
-            return record
-    raise RuntimeError("the connector logged no plan")
+    record = read_plan(run.plan_file)
+    state = record.get("state") or {}
+    if not state.get("enabled"):
+        raise RuntimeError(f"Mamba state hits are off for the bench model: {state}")
+    return record
 
 
 def lengths_for(lengths: list[int], block: int, tail: int = TAIL) -> list[int]:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from lmcache_ascend.cli.engine_run import Completion, Phase, Scenario
-from lmcache_ascend.cli.spawn import plan_from_log, progress, run_scenario
+from lmcache_ascend.cli.plan_file import PlanFileError, read_plan
+from lmcache_ascend.cli.spawn import progress, run_scenario
 
 LOGPROB_TOL = 1e-3
 
@@ -24,10 +25,12 @@ def _same(a: Completion, b: Completion) -> tuple[bool, float]:
     return worst <= LOGPROB_TOL, worst
 
 
-def _stored_bytes(log: str) -> dict[str, int]:
-    """Per-group bytes per chunk from the worker's plan record."""
-    record = plan_from_log(log)
-    if record is None:
+def _stored_bytes(plan_file: Path) -> dict[str, int]:
+    """Per-group bytes per chunk from the worker's plan record (none when
+    the worker wrote none: the figures are extra, the comparison is not)."""
+    try:
+        record = read_plan(plan_file)
+    except PlanFileError:
         return {}
     return {str(g["group"]): int(g["planned_bytes"]) for g in record["plan"]["groups"] if g["stored"]}
 
@@ -56,9 +59,10 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="lmcache-ascend-demo-") as tmp:
         work = Path(tmp)
         progress("run 1/2: vLLM with LMCacheAscendConnectorV1Dynamic")
-        with_conn, log = run_scenario(Scenario(phases=phases, **common), "connector", work)
+        with_conn, _, plan_file = run_scenario(Scenario(phases=phases, **common), "connector", work)
+        per_group = _stored_bytes(plan_file)  # read before the folder is removed
         progress("run 2/2: the same workload without a connector (reference outputs)")
-        ref, _ = run_scenario(Scenario(phases=phases, connector="none", **common), "reference", work)
+        ref = run_scenario(Scenario(phases=phases, connector="none", **common), "reference", work).results
     _, cold, warm = with_conn
     print()
     print("cold: fresh cache (request 0 misses; later requests may already hit the shared")
@@ -78,7 +82,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"{i:>7} | {c.ttft * 1000:>8.1f}ms | {w.ttft * 1000:>8.1f}ms | {speed:>6.1f}x | "
               f"{c.num_cached_tokens:>8} | {w.num_cached_tokens:>8} | {'yes' if ok else 'NO':>9}")
     print()
-    per_group = _stored_bytes(log)
     if per_group:
         print("bytes stored per chunk, by KV cache group: "
               + ", ".join(f"group {g}: {b:,}" for g, b in sorted(per_group.items(), key=lambda x: int(x[0]))))

@@ -1,9 +1,11 @@
 """``lmcache-ascend explain``: start vLLM with the connector on a model and
-print the transfer plan its worker logged (groups, bytes per chunk against
+print the transfer plan its worker wrote (groups, bytes per chunk against
 naive sizing, kernel groups, op calls per chunk, skipped groups).
 
-The plan is read from the worker's log record, so no engine setting is
-changed for it (in particular no insecure RPC serialization).
+The plan is read from the file the worker writes when ``ascend_plan_file``
+is set (spawn.py sets it for the engine it starts), so no engine setting
+that serves requests is changed for it (in particular no insecure RPC
+serialization).
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from lmcache_ascend.cli.engine_run import Scenario
-from lmcache_ascend.cli.spawn import plan_from_log, run_scenario
+from lmcache_ascend.cli.plan_file import PlanFileError, read_plan
+from lmcache_ascend.cli.spawn import run_scenario
 
 
 def engine_args(items: list[str]) -> dict[str, Any]:
@@ -53,15 +56,16 @@ def run(args: argparse.Namespace) -> int:
         engine_kwargs=engine_args(args.engine_arg or []),
     )
     with tempfile.TemporaryDirectory(prefix="lmcache-ascend-explain-") as tmp:
-        _, log = run_scenario(scenario, "explain", Path(tmp), quiet=True)
-    record = plan_from_log(log)
-    if record is None:
-        refusal = startup_refusal(log)
-        if refusal:
-            # A layout the connector cannot move exactly stops it at startup
-            # (e.g. vLLM-Ascend 0.30.0rc2's TurboQuant or LI-C4 caches, KVPP
-            # scratch buffers): say which layer and why, as the engine did.
-            raise SystemExit(f"the connector refused this model's KV layout at startup: {refusal}")
-        raise SystemExit("the connector logged no plan (did it start on the worker?)")
+        run = run_scenario(scenario, "explain", Path(tmp), quiet=True)
+        try:
+            record = read_plan(run.plan_file)
+        except PlanFileError as e:
+            refusal = startup_refusal(run.log)
+            if refusal:
+                # A layout the connector cannot move exactly stops it at startup
+                # (e.g. vLLM-Ascend 0.30.0rc2's TurboQuant or LI-C4 caches, KVPP
+                # scratch buffers): say which layer and why, as the engine did.
+                raise SystemExit(f"the connector refused this model's KV layout at startup: {refusal}") from None
+            raise SystemExit(f"the connector wrote no plan: {e}") from None
     print(json.dumps(record, indent=2) if args.json else record["text"])
     return 0

@@ -1,6 +1,7 @@
-"""Runs ``engine_run`` in a subprocess and reads what the worker logged:
-the one way the demo and ``explain`` start an engine (a fresh process per
-engine: vLLM and LMCache keep process-wide state)."""
+"""Runs ``engine_run`` in a subprocess, with its workers writing their
+plans to a file (plan_file.py): the one way the demo and ``explain`` start an
+engine (a fresh process per engine: vLLM and LMCache keep process-wide
+state)."""
 
 from __future__ import annotations
 
@@ -11,29 +12,37 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import NamedTuple
 
 from lmcache_ascend.cli.engine_run import PhaseResult, Scenario
+from lmcache_ascend.cli.plan_file import plan_env
 
-# The worker logs its plan once, as JSON, after this marker (wiring.py).
-PLAN_MARKER = "LMCACHE_ASCEND_PLAN_JSON "
+
+class ScenarioRun(NamedTuple):
+    results: list[PhaseResult]
+    log: str
+    # The ascend_plan_file the engine ran with: read_plan(plan_file) is
+    # worker 0's plan (written only when the connector started).
+    plan_file: Path
 
 
 def progress(msg: str) -> None:
     print(f"[lmcache-ascend] {msg}", flush=True)
 
 
-def run_scenario(
-    scenario: Scenario, label: str, workdir: Path, quiet: bool = False
-) -> tuple[list[PhaseResult], str]:
+def run_scenario(scenario: Scenario, label: str, workdir: Path, quiet: bool = False) -> ScenarioRun:
     """Run one engine in a subprocess, echoing its milestones unless
-    ``quiet``; returns its phase results and its log."""
+    ``quiet``; returns its phase results, its log and its plan file."""
     sc = workdir / f"{label}.json"
     out = workdir / f"{label}.out.json"
     log = workdir / f"{label}.log"
+    plan_file = (workdir / f"{label}.plan.json").absolute()
     sc.write_text(json.dumps(asdict(scenario)))
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(scenario.kv_cache_gib))
+    # Set, not defaulted: the caller reads this path, whatever the user's
+    # environment asked for.
+    env.update(plan_env(plan_file))
     milestones = (
         ("Loading weights took", "model loaded"),
         ("init engine", "engine ready"),
@@ -63,14 +72,4 @@ def run_scenario(
         tail = "\n".join(text.splitlines()[-40:])
         raise SystemExit(f"{label} engine failed (rc={proc.returncode}); log {log}:\n{tail}")
     raw = json.loads(out.read_text())
-    return [PhaseResult.from_json(r) for r in raw], text
-
-
-def plan_from_log(log: str) -> Optional[dict[str, Any]]:
-    """The worker's plan record (``text``, ``plan``, ``groups``), or None."""
-    for line in log.splitlines():
-        if PLAN_MARKER in line:
-            # The log format may append " (file:line)" after the JSON object.
-            record, _ = json.JSONDecoder().raw_decode(line.split(PLAN_MARKER, 1)[1])
-            return record
-    return None
+    return ScenarioRun([PhaseResult.from_json(r) for r in raw], text, plan_file)

@@ -18,7 +18,7 @@ import importlib
 import logging
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from packaging.version import InvalidVersion, Version
 
@@ -35,6 +35,10 @@ LOOKUP_CLIENT_FACTORY = "lmcache.v1.lookup_client.factory"
 # multiprocess mode's GDS code: the factory moved.
 GPU_CONNECTOR_FACTORY = "lmcache.v1.gpu_connector"
 GPU_CONNECTORS = "lmcache.v1.gpu_connector.gpu_connectors"  # GPUConnectorInterface
+# lmcache_get_or_create_config, ENGINE_NAME: LMCache's vLLM helpers. Not
+# mapped in any layout below: its path in 0.5.7rc2 was not read, so it is
+# imported by this name on every release, as before.
+VLLM_UTILS = "lmcache.integration.vllm.utils"
 
 
 @dataclass(frozen=True)
@@ -125,3 +129,11 @@ def resolve(name: str) -> str:
 
 def load(name: str) -> ModuleType:
     return importlib.import_module(resolve(name))
+
+
+def engine_config() -> Any:
+    """LMCache's engine config for this process (``LMCacheEngineConfig``):
+    created from LMCache's config file and environment on first call, the
+    same object afterwards. Through here so the integration layer imports
+    nothing of LMCache itself."""
+    return load(VLLM_UTILS).lmcache_get_or_create_config()

@@ -9,6 +9,7 @@ imports neither LMCache nor vLLM and never reads the environment.
 from __future__ import annotations
 
 import json
+import os.path
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
@@ -153,6 +154,37 @@ def _to_path(key: str) -> Callable[[Any], str]:
     return _to_text(key, "a path", MAX_PATH_CHARS, echo=False)
 
 
+PLAN_FILE_KEY = "ascend_plan_file"
+
+
+def _to_plan_file(key: str) -> Callable[[Any], str]:
+    """An absolute file path, or empty (off). Absolute, because the engine's
+    processes need not share the working directory of whoever reads the
+    file; a trailing separator names a directory, which is not a file."""
+    as_text = _to_text(key, "a path", MAX_PATH_CHARS, echo=True)
+
+    def convert(value: Any) -> str:
+        text = as_text(value)
+        if text and (not os.path.isabs(text) or text.endswith(os.sep)):
+            raise ConfigValueError(
+                f"config key {key!r}: invalid value {value!r}; valid: an absolute path of a file "
+                "(each worker writes <stem>.rank<N><suffix> beside it), or empty (off)"
+            )
+        return text
+
+    return convert
+
+
+def plan_file_for(base: str, rank: int) -> str:
+    """The file worker ``rank`` writes its plan to, for an ``ascend_plan_file``
+    of ``base``: the rank goes into the name (``/d/plan.json`` ->
+    ``/d/plan.rank0.json``), so the workers of a tensor-parallel engine do not
+    overwrite each other's plan. The one rule writer and readers share."""
+    head, name = os.path.split(base)
+    stem, suffix = os.path.splitext(name)
+    return os.path.join(head, f"{stem}.rank{rank}{suffix}")
+
+
 @dataclass(frozen=True)
 class KeySpec:
     key: str
@@ -241,6 +273,15 @@ KEYS: tuple[KeySpec, ...] = (
         "whose MAC does not verify. The environment variable LMCACHE_ASCEND_POOL_SECRET (the secret "
         "itself) is the alternative; setting both stops startup. Default: no secret.",
     ),
+    KeySpec(
+        PLAN_FILE_KEY,
+        str,
+        "",
+        _to_plan_file(PLAN_FILE_KEY),
+        "An absolute path: at startup each worker writes its transfer plan there as JSON, the rank "
+        "in the name (/d/plan.json -> /d/plan.rank0.json), replacing the file atomically; for tools "
+        "(lmcache-ascend explain, the benches). Default: no file.",
+    ),
 )
 KEY_NAMES: tuple[str, ...] = tuple(k.key for k in KEYS)
 
@@ -258,6 +299,7 @@ class AscendConfig:
     require_remote: bool = False
     async_lookup: str = "auto"
     pool_secret_file: str = ""
+    plan_file: str = ""
 
     def __post_init__(self) -> None:
         # Re-run the converters so a hand-built config is validated the same

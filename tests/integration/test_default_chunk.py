@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario
-from lmcache_ascend.cli.spawn import plan_from_log
+from lmcache_ascend.cli.plan_file import plan_env, read_plan
 from lmcache_ascend.cli.tiny_models import TinyModelSpec, build_tiny_model, token_prompt
 from lmcache_ascend.compat import vllm_features
 
@@ -65,10 +65,10 @@ def test_default_chunk_size_starts_and_hits_on_every_block_size(tmp_path, monkey
     phases = [Phase("cold", prompts, sequential=True),
               Phase("warm", prompts, reset_prefix_cache=True, sequential=True)]
     steps: list = []
+    plan_file = tmp_path / "plan.json"
     got, log = run_engine_in(tmp_path, Scenario(model=model, phases=phases, dtype="bfloat16",
-                                                engine_kwargs=ENGINE), schedule=steps)
-    record = plan_from_log(log)
-    assert record is not None, log[-3000:]
+                                                engine_kwargs=ENGINE, env=plan_env(plan_file)), schedule=steps)
+    record = read_plan(plan_file)
     chunk = record["plan"]["chunk_size"]
     blocks = {g["block_size"] for g in record["groups"]}
     print(f"\nshape {shape}: vLLM's blocks {sorted(blocks)}, chunk {chunk}")

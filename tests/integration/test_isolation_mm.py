@@ -27,7 +27,7 @@ import pytest
 
 import sched_trace
 from lmcache_ascend.cli.engine_run import Phase, Scenario
-from lmcache_ascend.cli.spawn import plan_from_log
+from lmcache_ascend.cli.plan_file import plan_env, read_plan
 from lmcache_ascend.cli.tiny_models import VLM_IMAGE_TOKEN_ID, VLM_ITEM_TOKENS, build_tiny_vlm, token_prompt
 
 from .conftest import MODEL_CACHE, run_engine_in, run_reference_in
@@ -67,11 +67,12 @@ def test_images_hit_exactly_where_vllm_hits(tmp_path):
     ref_steps, steps = [], []
     ref, _ = run_reference_in(tmp_path, Scenario(phases=_phases(reset=False), connector="none", **kw),
                               schedule=ref_steps)
-    got, log = run_engine_in(tmp_path, Scenario(phases=_phases(reset=True), **kw), schedule=steps)
+    plan_file = tmp_path / "plan.json"
+    conn_kw = dict(kw, env={**ENV, **plan_env(plan_file)})
+    got, log = run_engine_in(tmp_path, Scenario(phases=_phases(reset=True), **conn_kw), schedule=steps)
     # The chunk the connector chose (no chunk_size set: vLLM's block size),
     # read from its plan rather than assumed.
-    record = plan_from_log(log)
-    assert record is not None, log[-3000:]
+    record = read_plan(plan_file)
     chunk = record["plan"]["chunk_size"]
     blocks = {g["block_size"] for g in record["groups"]}
     assert blocks == {chunk}, (chunk, blocks)

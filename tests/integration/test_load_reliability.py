@@ -217,7 +217,7 @@ def qwen3_next_disk(tmp_path_factory, tiny_model) -> StateRun:
     """One engine, LMCache's disk backend only (no CPU cache, so every hit
     is read from disk): a prompt is stored, then chunk 1's file is damaged
     just before the prompt comes again, then it comes a third time."""
-    from lmcache_ascend.cli.spawn import plan_from_log
+    from lmcache_ascend.cli.plan_file import plan_env, read_plan
 
     from .conftest import run_engine_in, run_reference_in
 
@@ -225,11 +225,13 @@ def qwen3_next_disk(tmp_path_factory, tiny_model) -> StateRun:
     work = tmp_path_factory.mktemp("load_reliability_state")
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     # vLLM picks the hybrid block size B per machine: read it, never assume.
+    plan_file = work / "plan.json"
     _, log = run_engine_in(
-        work, Scenario(model=model, phases=[], dtype="bfloat16", engine_kwargs=STATE_ENGINE, env=env)
+        work, Scenario(model=model, phases=[], dtype="bfloat16", engine_kwargs=STATE_ENGINE,
+                       env={**env, **plan_env(plan_file)})
     )
-    record = plan_from_log(log)
-    assert record is not None and record["state"] and record["state"]["enabled"], log[-4000:]
+    record = read_plan(plan_file)
+    assert record["state"] and record["state"]["enabled"], log[-4000:]
     b = record["state"]["block_size"]
     prompt = token_prompt(2 * b + 48, seed=11)
     # Budget B: every prefill step ends on a block boundary, where a state is stored.

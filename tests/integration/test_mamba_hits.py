@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import pytest
 
 from lmcache_ascend.cli.engine_run import Phase, PhaseResult, Scenario
-from lmcache_ascend.cli.spawn import plan_from_log
+from lmcache_ascend.cli.plan_file import plan_env, read_plan
 from lmcache_ascend.cli.tiny_models import token_prompt
 from lmcache_ascend.compat import vllm_features
 
@@ -79,16 +79,16 @@ class StateModel:
 
 @pytest.fixture(scope="module")
 def state_model(tiny_model, tmp_path_factory):
-    """name -> StateModel, read from the plan the worker logs at startup."""
+    """name -> StateModel, read from the plan the worker writes at startup."""
     found: dict[str, StateModel] = {}
 
     def get(name: str) -> StateModel:
         if name not in found:
             path = tiny_model(name)
-            _, log = run(Scenario(model=path, phases=[], dtype="bfloat16", engine_kwargs=ENGINE, env=ENV),
-                         tmp_path_factory.mktemp(f"facts-{name}"))
-            record = plan_from_log(log)
-            assert record is not None, log[-4000:]
+            work = tmp_path_factory.mktemp(f"facts-{name}")
+            run(Scenario(model=path, phases=[], dtype="bfloat16", engine_kwargs=ENGINE,
+                         env={**ENV, **plan_env(work / "plan.json")}), work)
+            record = read_plan(work / "plan.json")
             state = record["state"]
             assert state is not None and state["enabled"], state
             # The startup plan (what `lmcache-ascend explain` prints) shows

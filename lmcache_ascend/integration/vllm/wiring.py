@@ -7,12 +7,15 @@ role bridge and each half receives the resources it owns.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
 import os
+import tempfile
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from pathlib import Path
+from typing import Any, Mapping, Optional, TypedDict
 
 import torch
 
@@ -22,7 +25,7 @@ from lmcache_ascend.integration.vllm.worker import WorkerHalf
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.groups import SchedulerGroup
 from lmcache_ascend.planning.isolation import Refusal
-from lmcache_ascend.planning.settings import AscendConfig
+from lmcache_ascend.planning.settings import PLAN_FILE_KEY, AscendConfig, ConfigValueError, plan_file_for
 from lmcache_ascend.planning.state_align import SnapshotLayout, StateGate
 
 logger = logging.getLogger(__name__)
@@ -49,8 +52,6 @@ class ConnectorSetup:
 
 
 def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
-    from lmcache.integration.vllm.utils import lmcache_get_or_create_config
-
     from lmcache_ascend.lmcache_bridge.config import (
         apply_extra_config,
         enforce_engine_requirements,
@@ -59,10 +60,11 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     )
     from lmcache_ascend.integration.vllm.parallel import check_parallelism, single_copy
     from lmcache_ascend.lmcache_bridge.engine import EngineSpec, attach_logging
+    from lmcache_ascend.lmcache_bridge.lmcache_modules import engine_config
 
     attach_logging()
     register_config_keys()
-    config = lmcache_get_or_create_config()
+    config = engine_config()
     extra = vllm_engine_config.kv_transfer_extra_config(vllm_config)
     apply_extra_config(config, extra)
     # LMCache converts its LMCACHE_* variables itself; re-read them only to
@@ -302,18 +304,73 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
         dict(plan.group_bytes()), shared=bool(setup.lmcache_config.remote_url))
     logger.info("lmcache-ascend worker plan (%s):\n%s", setup.agreement.fingerprint, text)
     log_copy_threads(transfer)
-    # One machine-readable record for tools that read logs (demo, explain).
-    record = {
+    if setup.ascend_config.plan_file:
+        record = plan_record(setup, plan, rep, text, striped=half.stripe is not None)
+        path = write_plan_file(setup.ascend_config.plan_file, setup.engine.rank, record)
+        logger.info("lmcache-ascend: worker plan written to %s", path)
+    return half
+
+
+class PlanRecord(TypedDict):
+    """A worker's plan as data: what ``ascend_plan_file`` holds, and what
+    ``lmcache-ascend explain``, the demo and the benches read (through
+    ``lmcache_ascend.cli.plan_file.read_plan``)."""
+
+    rank: int
+    text: str  # the plan as logged after "lmcache-ascend worker plan"
+    plan: dict[str, Any]  # planner.PlanDescription, as a dict
+    groups: list[dict[str, Any]]  # the scheduler groups (SchedulerGroup)
+    agreement: str  # the fingerprint the two halves compare
+    state: Optional[dict[str, Any]]  # state_record(); None without Mamba groups
+    replication: dict[str, Any]
+
+
+def plan_record(setup: ConnectorSetup, plan: Any, rep: Any, text: str, striped: bool) -> PlanRecord:
+    """The one place the plan record is built (``plan``: the worker's
+    TransferPlan; ``rep``: its replication, parallel.store_stripe)."""
+    return {
+        "rank": int(setup.engine.rank),
         "text": text,
         "plan": dataclasses.asdict(plan.describe()),
         "groups": [dataclasses.asdict(g) for g in setup.groups],
         "agreement": setup.agreement.fingerprint,
         "state": state_record(setup.state_gate, setup.snapshot),
         "replication": {"tp": rep.tp, "single_copy": rep.single_copy, "replicated": list(rep.replicated_groups),
-                        "sharded": list(rep.sharded_groups), "stripe": half.stripe is not None},
+                        "sharded": list(rep.sharded_groups), "stripe": striped},
     }
-    logger.info("LMCACHE_ASCEND_PLAN_JSON %s", json.dumps(record, default=str, separators=(",", ":")))
-    return half
+
+
+def write_plan_file(base: str, rank: int, record: Mapping[str, Any]) -> Path:
+    """Writes ``record`` as JSON to worker ``rank``'s file for an
+    ``ascend_plan_file`` of ``base`` (settings.plan_file_for) and returns
+    that path.
+
+    Written to a temporary file beside it, then renamed over it: a reader
+    polling for the file, or one left from an earlier engine, never sees
+    half a record. A file that cannot be written stops startup, naming the
+    path: whoever set the key runs a tool that needs the file, and would
+    otherwise only learn that it is missing after the engine has run."""
+    path = Path(plan_file_for(base, rank))
+    data = json.dumps(record, default=str, indent=1)  # default=str: enums, frozensets as text
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            # mkstemp creates the file readable by its owner only; the plan is
+            # no secret, and the tool reading it may run as another user.
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+    except OSError as e:
+        raise ConfigValueError(
+            f"config key {PLAN_FILE_KEY!r}: cannot write worker {rank}'s plan to {str(path)!r} "
+            f"(from {base!r}): {e.strerror or e}"
+        ) from e
+    return path
 
 
 def _with_chunk_source(error: ValueError, setup: ConnectorSetup) -> ValueError:
