@@ -10,7 +10,7 @@ resolves LBHNC from a connector's preference when that variable is unset
 config can name LBHNC over token-major tensors.
 
 Each case below builds the tensors as the source does for its environment
-(fixtures/ascend_layouts_030_hybrid.py), lets the connector decide through
+(fixtures/ascend_hybrid.py), lets the connector decide through
 ``layout_facts`` with a stand-in of that backend loaded, and checks the full
 store/load path against the oracle, which reads each layer's raw bytes by
 reshape and never looks at the connector's decision.
@@ -35,7 +35,7 @@ if "layers" not in inspect.signature(KVCacheTensor).parameters:
     pytest.skip("this vLLM's KVCacheTensor has no shared-backing descriptors (vLLM-Ascend 0.30.0rc2 "
                 "runs on vLLM 0.30); the layout does not exist there", allow_module_level=True)
 
-from fixtures import ascend_layouts_030_hybrid as H  # noqa: E402
+from fixtures import ascend_hybrid as H  # noqa: E402
 from fixtures import layouts as L  # noqa: E402
 from fixtures import oracle  # noqa: E402
 from lmcache_ascend.integration.vllm import vllm_kv_layout  # noqa: E402

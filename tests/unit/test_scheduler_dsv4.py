@@ -25,8 +25,8 @@ groups' effective block sizes (patch_kv_cache_coordinator.py,
 _get_effective_block_size and lcm_block_size): 16384 tokens at
 ``--block-size 128``, so none of these prompts would hit there.
 
-vLLM-Ascend 0.29.0rc1 / 0.30.0rc2 (vLLM 0.29 / 0.30; fixtures
-``ascend_layouts_030``): the compressed specs count tokens, so vLLM's own
+vLLM-Ascend 0.29.0rc1 / 0.30.0rc2 (vLLM 0.29 / 0.30; release rows with
+``token_blocks``): the compressed specs count tokens, so vLLM's own
 FullAttentionManager sizes their tables (``cdiv(tokens, block_size)``
 blocks of 512 / 16384 tokens), and vLLM's scheduler block size becomes the
 lcm of the groups' block sizes, 16384 (vllm/v1/core/kv_cache_utils.py
@@ -58,9 +58,8 @@ from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, Schedul
 from vllm.v1.request import Request
 
 from fixtures import ascend_layouts as AL
-from fixtures import ascend_layouts_030 as AL3
-from fixtures import ascend_specs as A
-from fixtures import ascend_specs_030 as A3
+from fixtures import ascend_releases as R
+from fixtures import ascend_specs as S
 from fixtures import layouts as L
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_keys import request_view
@@ -80,9 +79,9 @@ def pattern(layer: str, element: int, row: int, nbytes: int) -> np.ndarray:
 def vllm_ascend_alignment(block_size: int = 128) -> int:
     """lcm of the effective block sizes (block_size x compress_ratio where
     the spec has one) of the DeepSeek-V4 groups."""
-    mod = A.specs_module("0.23.0")
+    mod = S.specs_module("0.23.0")
     sizes = []
-    for g in A.group_dsv4(AL.dsv4_specs(mod, block_size)):
+    for g in S.group_dsv4(mod, AL.dsv4_specs(mod, block_size)):
         first = next(iter(g.kv_cache_spec.kv_cache_specs.values()))
         sizes.append(first.block_size * getattr(first, "compress_ratio", 1))
     return math.lcm(*sizes)
@@ -239,18 +238,12 @@ def prompt(n: int, seed: int) -> list[int]:
     return [(seed * 7919 + i * 31) % 50000 + 1 for i in range(n)]
 
 
-RELEASES = ["0.23.0"] + [
-    pytest.param(r, marks=pytest.mark.skipif(not A3.HAS_TOKENS_PER_STATE, reason="vLLM >= 0.29"))
-    for r in ("0.29.0rc1", "0.30.0rc2")
-]
+RELEASES = R.params([R.row(v) for v in ("0.23.0", "0.29.0rc1", "0.30.0rc2")])
 
 
 @pytest.fixture(scope="module", params=RELEASES)
 def engine(request) -> AscendEngine:
-    if request.param == "0.23.0":
-        eng = AscendEngine(AL.dsv4("0.23.0", num_blocks=160))
-    else:
-        eng = AscendEngine(AL3.dsv4(request.param, num_blocks=160), token_blocks=True)
+    eng = AscendEngine(AL.dsv4(request.param, num_blocks=160), token_blocks=request.param.token_blocks)
     eng.release = request.param
     base = prompt(1000, 1)
     assert eng.admit("a", base) == 0
@@ -264,10 +257,11 @@ def engine(request) -> AscendEngine:
 def test_default_chunk_is_128_and_vllm_ascend_aligns_to_16384(engine):
     assert engine.chunk == 128
     assert vllm_ascend_alignment(128) == 16384 and vllm_ascend_alignment(64) == 8192
-    if engine.release != "0.23.0":
+    if engine.release.token_blocks:
         # vLLM 0.29/0.30's scheduler block size for these groups: their lcm.
-        groups = A3.group_dsv4(AL3.dsv4_specs(A3.specs_module(engine.release)))
-        assert A3.lcm_block_tokens(groups) == 16384
+        mod = S.specs_module(engine.release)
+        groups = S.group_dsv4(mod, AL.dsv4_specs(mod))
+        assert S.lcm_block_tokens(groups) == 16384
         assert [g.block_size for g in engine.layout.groups[:2]] == [512, 16384]
     # the first request stored each whole chunk once, in the step completing it
     assert len(engine.stored) == 1000 // 128
@@ -306,7 +300,7 @@ def test_without_the_compressor_state_the_resume_would_read_stale_rows(engine):
     engine.finish("c")
 
 
-@pytest.mark.skipif(not A3.HAS_TOKENS_PER_STATE, reason="vLLM >= 0.29 (token-counted specs, scheduler_block_size)")
+@pytest.mark.skipif(not R.HAS_TOKENS_PER_STATE, reason="vLLM >= 0.29 (token-counted specs, scheduler_block_size)")
 @pytest.mark.parametrize("ext", [128, 640, 896])
 def test_vllms_kv_cache_manager_accepts_128_token_external_hits(ext):
     """vLLM's own KVCacheManager (0.29, 0.30, 0.32), with the 0.30.0rc2
@@ -323,7 +317,7 @@ def test_vllms_kv_cache_manager_accepts_128_token_external_hits(ext):
 
     if "scheduler_block_size" not in inspect.signature(KVCacheManager.__init__).parameters:
         pytest.skip("this vLLM's KVCacheManager has no scheduler_block_size")
-    layout = AL3.dsv4("0.30.0rc2")
+    layout = AL.dsv4("0.30.0rc2")
     mla = dict(num_kv_heads=1, head_size=512, dtype=torch.bfloat16)
     groups = []
     for g in layout.groups:

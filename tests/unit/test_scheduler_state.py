@@ -40,7 +40,7 @@ ATTN = 3
 # Group orders the engines produce: vLLM(-CPU)'s runner adds specs in layer
 # order (GDN layer 0 first: Mamba groups first); vLLM-Ascend 0.30.0rc2's
 # get_kv_cache_spec adds attention specs before Mamba ones (attention group
-# first; tests/fixtures/ascend_layouts_030_hybrid.py, runner_specs). Every
+# first; tests/fixtures/ascend_hybrid.py, runner_specs). Every
 # test runs with both, the module globals set per order.
 ORDERS = {"mamba-first": ((0, 1, 2), 3), "attention-first": ((1, 2, 3), 0)}
 

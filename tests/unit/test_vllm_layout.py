@@ -38,9 +38,8 @@ from lmcache_ascend.planning.groups import CompressorState, GroupKind
 from lmcache_ascend.planning.settings import AscendConfig
 from lmcache_ascend.planning.state_skip import unrestorable_groups
 from fixtures import ascend_layouts as AL
+from fixtures import ascend_releases as R
 from fixtures import ascend_specs as A
-from fixtures import ascend_layouts_030 as AL3
-from fixtures import ascend_specs_030 as A3
 
 # tokens_per_state and CircularBufferSpec exist from vLLM 0.29 on; the older
 # series express compression as the MLA specs' compress_ratio (tested above).
@@ -190,7 +189,7 @@ def _dsv4_configs(release="0.23.0", a5=False, block_size=128):
     from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config
 
     mod = A.specs_module(release, a5)
-    groups = A.group_dsv4(AL.dsv4_specs(mod, block_size))
+    groups = A.group_dsv4(mod, AL.dsv4_specs(mod, block_size))
     worker = AL.kv_config(groups, 64)
     return mod, worker, generate_scheduler_kv_cache_config([worker])
 
@@ -239,7 +238,8 @@ def test_without_vllm_ascend_loaded_block_size_is_tokens_and_the_plan_refuses():
 def test_vllm_ascend_0271_and_later_specs_count_tokens_not_rows():
     """vLLM-Ascend 0.27.1rc1 changed AscendMLAAttentionSpec's block_size to
     tokens (sdist core/kv_cache_interface.py ``get_storage_block_size``,
-    0.27.1rc1 l.22-30, 0.30.0rc2 l.31-44; fixtures: ascend_specs_030). The
+    0.27.1rc1 l.22-30, 0.30.0rc2 l.31-44; fixtures: ascend_specs, rows with
+    ``token_blocks``). The
     module-level helper tells which unit the release uses; the page each
     spec sizes tells how many rows a block holds. Where the two disagree (a
     4x mis-read: 512 and 16384 are multiples of 128, so no rows check in
@@ -255,10 +255,10 @@ def test_vllm_ascend_0271_and_later_specs_count_tokens_not_rows():
     with A.installed(tok), pytest.raises(ValueError, match=r"layer .model.layers.1.self_attn.*page holds 128 rows.*needs 32"):
         scheduler_groups(worker)
     # 0.30.0rc2 specs (tokens): the same scheduler groups as 0.23's.
-    if not A3.HAS_TOKENS_PER_STATE:
+    if not R.HAS_TOKENS_PER_STATE:
         return
-    mod30 = A3.specs_module("0.30.0rc2")
-    cfg30 = AL.kv_config(A3.group_dsv4(AL3.dsv4_specs(mod30)), 64)
+    mod30 = A.specs_module("0.30.0rc2")
+    cfg30 = AL.kv_config(A.group_dsv4(mod30, AL.dsv4_specs(mod30)), 64)
     with A.installed(mod30):
         tokens = scheduler_groups(cfg30)
     assert [(g.block_size, g.compress_ratio, g.sliding_window) for g in tokens] == [

@@ -1,5 +1,5 @@
 """vLLM-Ascend 0.30.0rc2: GQA K/V interleaved per kernel block and the
-hybrid attention + GDN/Mamba layout (fixtures/ascend_layouts_030_hybrid.py,
+hybrid attention + GDN/Mamba layout (fixtures/ascend_hybrid.py,
 provenance there) are served exactly.
 
 * KV: the full worker path (build_plan -> LMCache chunk buffers ->
@@ -40,7 +40,7 @@ if "layers" not in inspect.signature(KVCacheTensor).parameters:
     pytest.skip("this vLLM's KVCacheTensor has no shared-backing descriptors (vLLM-Ascend 0.30.0rc2 "
                 "runs on vLLM 0.30); the layout does not exist there", allow_module_level=True)
 
-from fixtures import ascend_layouts_030_hybrid as H
+from fixtures import ascend_hybrid as H
 from fixtures import layouts as L
 from fixtures import oracle
 from lmcache_ascend.integration.vllm.vllm_engine_config import state_align_facts
@@ -170,7 +170,7 @@ def test_roundtrip_is_exact_and_touches_nothing_else(name, bundle, ops, allocato
 def test_a_wrong_kv_order_is_caught_by_the_oracle(ops, allocator):
     """Guard: reading the hybrid layer as NHD K-then-V pairs of whole blocks
     (0.29.0rc1's combined form) stores other bytes than the oracle's."""
-    layout = LAYOUTS["qwen3-next-ascend-0.30.0rc2-LBNHC"]
+    layout = LAYOUTS[f"qwen3-next-ascend-{H.RELEASE.version}-LBNHC"]
     orig = layout.build(True)
     wrong = dict(orig.kv_caches)
     for name in (H.attn_name(3), H.attn_name(7)):
@@ -217,7 +217,7 @@ def _state_regions(cfg, specs, built):
 @pytest.mark.parametrize("layout_name", H.LAYOUTS)
 def test_state_snapshot_reads_and_writes_the_page_offsets_only(layout_name):
     cfg, specs = H.qwen3_next_config(layout_name)
-    layout = LAYOUTS[f"qwen3-next-ascend-0.30.0rc2-{layout_name}"]
+    layout = LAYOUTS[f"qwen3-next-ascend-{H.RELEASE.version}-{layout_name}"]
     facts = _facts(cfg)
     gate = decide(facts, layout.groups, layout.chunk_size)
     assert gate is not None and gate.enabled, gate and gate.reason
