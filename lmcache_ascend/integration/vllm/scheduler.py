@@ -125,6 +125,9 @@ class _Request:
     """Everything the scheduler half knows of one request; forgotten whole
     when it finishes."""
 
+    # Isolation keys (cache_salt, LoRA adapter, multimodal items) reach the
+    # half inside the view's token ids and refusal (vllm_keys.py): keying a
+    # request differently never needs a field, let alone a dict, of its own.
     view: RequestView
     phase: RequestPhase = RequestPhase.ADMITTING
     # Tokens its last lookup hit (chunk-aligned).
