@@ -108,8 +108,11 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
         assert _metric(text, "vllm:lmcache_ascend_loaded_bytes_total") > 0
         assert _metric(text, "vllm:lmcache_ascend_load_errors_total") == 0
     finally:
-        # How an orchestrator stops a server: SIGTERM, then SIGKILL after a grace.
-        os.killpg(proc.pid, signal.SIGTERM)
+        # How a user stops a server in a terminal: Ctrl-C, a SIGINT to every
+        # process of the foreground group (the API server, the engine core,
+        # its worker), then SIGKILL after a grace. (SIGTERM to the API server
+        # alone, as an orchestrator sends it: test_server_load.py.)
+        os.killpg(proc.pid, signal.SIGINT)
         try:
             rc = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -129,8 +132,8 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
     # It exits by itself, cleanly, within the grace, and the connector in the
     # worker closed its LMCache engine on the way (pending puts handed first).
     # Without --shutdown-timeout vLLM 0.32 kills its engine processes at once
-    # on SIGTERM (mode=abort timeout=0s) and the connector gets no close.
-    assert rc == 0, f"exit code {rc} after SIGTERM (None: still alive after 60 s): " + log[-3000:]
+    # on a signal (mode=abort timeout=0s) and the connector gets no close.
+    assert rc == 0, f"exit code {rc} after SIGINT (None: still alive after 60 s): " + log[-3000:]
     assert "mode=drain" in log and "force killing" not in log, log[-3000:]
     assert re.search(r"LMCacheEngine instance lmcache-ascend-\S+ destroyed", log), log[-3000:]
     lines = re.findall(r"request \S+: hit (\d+) tokens \(vLLM had (\d+)\), loaded (\d+) tokens", log)

@@ -72,6 +72,10 @@ def start_server(name: str, model: str, work: Path, connector: bool) -> Server:
         "--model", model, "--port", str(port), "--host", "127.0.0.1",
         "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
         "--seed", "0",
+        # vLLM's drain mode on SIGTERM, as the README advises with a store:
+        # the engine processes end by themselves, so the connector closes.
+        # Both servers, so that their stop times compare like with like.
+        "--shutdown-timeout", "15",
     ]
     if connector:
         cmd += ["--kv-transfer-config", json.dumps({
@@ -224,6 +228,14 @@ def test_openai_server_concurrent_shared_prefix(tmp_path, tiny_model):
     extra_mib = (conn_srv.serving_peak_rss - ref_srv.serving_peak_rss) / 2**20
     budget_mib = LMCACHE_CPU_GIB * 1024 + RSS_MARGIN_MIB
     assert extra_mib <= budget_mib, (figures, extra_mib, budget_mib)
-    # Both servers stop on SIGTERM within the bound.
+    # Both servers stop on SIGTERM within the bound: the signal an
+    # orchestrator sends a container's main process, the API server only.
     assert figures["stop_reference_s"] < STOP_TIMEOUT_S
     assert figures["stop_connector_s"] < STOP_TIMEOUT_S
+    assert (ref_srv.proc.returncode, conn_srv.proc.returncode) == (0, 0), log[-3000:]
+    # The connector's server drained, and its worker closed the LMCache
+    # engine on the way out (its puts handed off first), never force-killed.
+    shutdown_log = log.split("[shutdown]", 1)[-1]
+    assert "mode=drain" in log and "force killing" not in shutdown_log, shutdown_log[-3000:]
+    assert __import__("re").search(r"LMCacheEngine instance lmcache-ascend-\S+ destroyed", shutdown_log), \
+        shutdown_log[-3000:]
