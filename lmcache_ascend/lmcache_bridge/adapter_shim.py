@@ -40,7 +40,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules, route_registry
+from lmcache_ascend.lmcache_bridge import lmcache_modules, overrides, route_registry
 from lmcache_ascend.lmcache_bridge.chunk_io import LoadOutcome, PagedChunkConnector, TransferContext
 
 logger = logging.getLogger(__name__)
@@ -198,12 +198,15 @@ def patch_v1_adapter(module: Any) -> None:
             _drop_refused_saves(self, meta, scheduler_output)
         return meta
 
-    cls.__init__ = __init__
-    cls._apply_extra_config = _apply_extra_config
-    cls.register_kv_caches = register_kv_caches
-    cls.get_num_new_matched_tokens = get_num_new_matched_tokens
-    cls.build_connector_meta = build_connector_meta
-    cls._lmcache_ascend_patched = True
+    for name, method in (
+        ("__init__", __init__),
+        ("_apply_extra_config", _apply_extra_config),
+        ("register_kv_caches", register_kv_caches),
+        ("get_num_new_matched_tokens", get_num_new_matched_tokens),
+        ("build_connector_meta", build_connector_meta),
+    ):
+        overrides.apply(overrides.VLLM_ADAPTER_SHIM, cls, name, method)
+    overrides.apply(overrides.VLLM_ADAPTER_SHIM, cls, "_lmcache_ascend_patched", True)
 
 
 def _refused(adapter: Any, request: Any) -> bool:
@@ -235,7 +238,7 @@ def _drop_refused_saves(adapter: Any, meta: Any, scheduler_output: Any) -> None:
         return
     for req in getattr(meta, "requests", ()):
         if req.req_id in refused and req.save_spec is not None:
-            req.save_spec.can_save = False
+            overrides.apply(overrides.REFUSED_SAVE, req.save_spec, "can_save", False)
     for req_id in scheduler_output.finished_req_ids:
         refused.discard(req_id)
 
@@ -257,7 +260,7 @@ def _patch_gpu_connector_factory() -> None:
 
     CreateGPUConnector._lmcache_ascend = True  # type: ignore[attr-defined]
     CreateGPUConnector.__wrapped__ = original  # type: ignore[attr-defined]
-    gpu_connector.CreateGPUConnector = CreateGPUConnector
+    overrides.apply(overrides.VLLM_ADAPTER_SHIM, gpu_connector, "CreateGPUConnector", CreateGPUConnector)
 
 
 def announce() -> None:
@@ -330,7 +333,9 @@ def prepare_engine(engine: Any, connector: AdapterChunkConnector, layout_fingerp
     metas = (engine.metadata, getattr(engine.token_database, "metadata", None))
     for metadata in {id(m): m for m in metas if m is not None}.values():
         if "+" not in metadata.model_name:
-            metadata.model_name = f"{metadata.model_name}+{layout_fingerprint}"
+            overrides.apply(
+                overrides.LAYOUT_MODEL_NAME, metadata, "model_name", f"{metadata.model_name}+{layout_fingerprint}"
+            )
     _guard_engine(engine, connector)
     prepare_token_database(engine, int(connector.chunk_size), "adapter worker")
 
@@ -366,5 +371,5 @@ def _guard_engine(engine: Any, connector: AdapterChunkConnector) -> None:
             )
             return None
 
-    engine.retrieve = guarded_retrieve
-    engine.store = guarded_store
+    overrides.apply(overrides.ENGINE_GUARD, engine, "retrieve", guarded_retrieve)
+    overrides.apply(overrides.ENGINE_GUARD, engine, "store", guarded_store)

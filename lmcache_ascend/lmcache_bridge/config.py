@@ -18,6 +18,7 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
+from lmcache_ascend.lmcache_bridge import overrides
 from lmcache_ascend.planning.settings import BOOL_WORDS_TEXT, KEYS, KEY_NAMES, parse_bool
 
 if TYPE_CHECKING:
@@ -77,9 +78,9 @@ def register_config_keys() -> None:
         )
         for attr in ("__init__", "__repr__", "__eq__", "__dataclass_fields__", "__match_args__"):
             if attr in wide.__dict__:
-                setattr(cls, attr, wide.__dict__[attr])
+                overrides.apply(overrides.CONFIG_KEYS, cls, attr, wide.__dict__[attr])
         for spec in KEYS:
-            setattr(cls, spec.key, spec.default)
+            overrides.apply(overrides.CONFIG_KEYS, cls, spec.key, spec.default)
 
 
 class ExtraConfigError(ValueError):
@@ -235,7 +236,7 @@ def enforce_engine_requirements(
             "%d KV cache group(s))",
             num_groups,
         )
-        config.save_unfull_chunk = False
+        overrides.apply(overrides.WHOLE_CHUNKS_ONLY, config, "save_unfull_chunk", False)
     algo = str(config.pre_caching_hash_algorithm)
     if algo in _NON_CRYPTO_HASHES and os.environ.get("PYTHONHASHSEED") is None:
         logger.warning(
@@ -246,4 +247,4 @@ def enforce_engine_requirements(
             algo,
             DETERMINISTIC_HASH,
         )
-        config.pre_caching_hash_algorithm = DETERMINISTIC_HASH
+        overrides.apply(overrides.DETERMINISTIC_CHUNK_HASH, config, "pre_caching_hash_algorithm", DETERMINISTIC_HASH)

@@ -25,8 +25,13 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules
-from lmcache_ascend.lmcache_bridge.chunk_io import ChunkBufferMetadata, TransferContext, key_scope_of
+from lmcache_ascend.lmcache_bridge import lmcache_modules, overrides
+from lmcache_ascend.lmcache_bridge.chunk_io import (
+    ChunkBufferMetadata,
+    PagedChunkConnector,
+    TransferContext,
+    key_scope_of,
+)
 from lmcache_ascend.lmcache_bridge import remote_pool
 from lmcache_ascend.lmcache_bridge.remote_pool import Reconnector
 from lmcache_ascend.lmcache_bridge.resources import CLOSE_TIMEOUT_S, bounded_close, detach_remote_backends
@@ -124,7 +129,7 @@ def pin_init_hash(db: Any) -> int:
 
     seed = os.environ.get("PYTHONHASHSEED") or NONE_HASH_SEED
     value = token_database._normalize_hash_to_int(db.hash_func(seed))
-    db._get_init_hash = lambda: value
+    overrides.apply(overrides.PINNED_INIT_HASH, db, "_get_init_hash", lambda: value)
     return value
 
 
@@ -224,7 +229,7 @@ class WorkerEngine:
 
     @classmethod
     def start(
-        cls, lmcache_config: Any, spec: EngineSpec, connector: Any, chunk_bytes: int, num_layers: int,
+        cls, lmcache_config: Any, spec: EngineSpec, connector: PagedChunkConnector, chunk_bytes: int, num_layers: int,
         layout_fingerprint: str,
     ) -> "WorkerEngine":
         builder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
@@ -241,7 +246,7 @@ class WorkerEngine:
             engine = builder.get_or_create(
                 instance_id, lmcache_config, metadata, connector, _broadcast_noop, _broadcast_object_noop
             )
-            engine.token_database.metadata = spec.key_metadata(metadata)
+            overrides.apply(overrides.KEY_METADATA, engine.token_database, "metadata", spec.key_metadata(metadata))
             # A pool entry's MAC binds these chunk keys' fields (chunk_io).
             connector.key_scope = key_scope_of(engine.token_database)
             engine.post_init()

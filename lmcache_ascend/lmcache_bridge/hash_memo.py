@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
+from lmcache_ascend.lmcache_bridge import overrides
+
 # History the memo covers, in tokens: ~1.3 KB per 128-token chunk entry,
 # so about 20 MB whatever the chunk size.
 MEMO_TOKENS = 1 << 21
@@ -96,6 +98,6 @@ def install(token_database: Any, chunk_size: int, capacity: int = 0) -> PrefixHa
     def prefix_hash(token_chunks: Iterable[Any]) -> Iterator[int]:
         return memo.chain(token_chunks, init())
 
-    token_database._prefix_hash = prefix_hash
-    token_database.lmcache_ascend_hash_memo = memo
+    overrides.apply(overrides.PREFIX_HASH_MEMO, token_database, "_prefix_hash", prefix_hash)
+    overrides.apply(overrides.PREFIX_HASH_MEMO, token_database, "lmcache_ascend_hash_memo", memo)
     return memo

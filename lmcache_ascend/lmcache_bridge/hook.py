@@ -29,7 +29,7 @@ import logging
 import sys
 import threading
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules, patches
+from lmcache_ascend.lmcache_bridge import lmcache_modules, overrides, patches
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class _AliasLoader(importlib.abc.Loader):
         # The import system gave the module the alias's spec; it keeps its own
         # (its __name__, file and loader were not touched).
         alias_name = module.__spec__.name
-        module.__spec__ = self._target_spec
+        overrides.apply(overrides.MOVED_MODULE_SPEC, module, "__spec__", self._target_spec)
         with _lock:
             _aliased.add(alias_name)
         from lmcache_ascend.lmcache_bridge.engine import attach_logging

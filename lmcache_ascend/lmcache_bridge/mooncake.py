@@ -44,6 +44,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
 
+from lmcache_ascend.lmcache_bridge import overrides
 from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
 from lmcache_ascend.lmcache_bridge.remote_pool import unreachable as _connect
 
@@ -415,7 +416,7 @@ def install_failure_accounting() -> None:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
-        self.store = CheckedStore(self.store)
+        overrides.apply(overrides.MOONCAKE_CHECKED_STORE, self, "store", CheckedStore(self.store))
 
     async def close(self) -> None:
         counts = failure_counts()
@@ -423,10 +424,11 @@ def install_failure_accounting() -> None:
             logger.warning("lmcache-ascend: Mooncake failures during this run: %s", counts)
         await original_close(self)
 
-    mod.setup_mooncake_store = checked_setup
-    mod.MooncakestoreConnector.__init__ = __init__
-    mod.MooncakestoreConnector.close = close
-    mod._lmcache_ascend_checked = True
+    entry = overrides.MOONCAKE_ACCOUNTING
+    overrides.apply(entry, mod, "setup_mooncake_store", checked_setup)
+    overrides.apply(entry, mod.MooncakestoreConnector, "__init__", __init__)
+    overrides.apply(entry, mod.MooncakestoreConnector, "close", close)
+    overrides.apply(entry, mod, "_lmcache_ascend_checked", True)
 
 
 def _probe_main(setup_json: str) -> int:

@@ -44,6 +44,8 @@ class Patch:
 def _shield_pq_executor(module: ModuleType) -> None:
     import asyncio
 
+    from lmcache_ascend.lmcache_bridge import overrides
+
     cls = module.AsyncPQExecutor
 
     async def submit_job(self, fn, *args, **kwargs):
@@ -52,8 +54,9 @@ def _shield_pq_executor(module: ModuleType) -> None:
         await self._queue.put((priority, next(self._counter), fn, args, kwargs, done))
         return await asyncio.shield(done)
 
-    cls.submit_job = submit_job
-    cls._lmcache_ascend_shielded = True  # tests and explain read it
+    overrides.apply(overrides.PQ_EXECUTOR_SHIELD, cls, "submit_job", submit_job)
+    # Tests and explain read it.
+    overrides.apply(overrides.PQ_EXECUTOR_SHIELD, cls, "_lmcache_ascend_shielded", True)
 
 
 def _register_config_keys(module: ModuleType) -> None:

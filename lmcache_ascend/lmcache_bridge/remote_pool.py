@@ -44,6 +44,7 @@ from collections import Counter
 from typing import Any, Optional
 from urllib.parse import urlparse
 
+from lmcache_ascend.lmcache_bridge import overrides
 from lmcache_ascend.lmcache_bridge.credentials import redact_url
 
 logger = logging.getLogger(__name__)
@@ -260,7 +261,8 @@ class Reconnector:
                 left += 1
                 continue
             if backend.connection is None:
-                backend.failure_time = 0  # this check replaces LMCache's wait between attempts
+                # This check replaces LMCache's wait between attempts.
+                overrides.apply(overrides.RECONNECT_NOW, backend, "failure_time", 0)
                 backend.init_connection()
             if backend.connection is None:
                 _count("reconnect")

@@ -13,6 +13,8 @@ import logging
 import threading
 from typing import Any, Callable
 
+from lmcache_ascend.lmcache_bridge import overrides
+
 logger = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0
@@ -63,7 +65,7 @@ def detach_remote_backends(engine: Any, timeout: float = CLOSE_TIMEOUT_S) -> Non
         conn = getattr(backend, "connection", None)
         if not isinstance(backend, RemoteBackend) or conn is None:
             continue
-        backend.connection = None
+        overrides.apply(overrides.DETACHED_REMOTE_CONNECTION, backend, "connection", None)
         inner = conn.getWrappedConnector() if hasattr(conn, "getWrappedConnector") else conn
 
         async def close(inner: Any = inner) -> None:

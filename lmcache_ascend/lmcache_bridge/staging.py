@@ -34,6 +34,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from lmcache_ascend.lmcache_bridge import overrides
+
 logger = logging.getLogger(__name__)
 
 # How long a refused chunk is skipped by this process's lookups: long enough
@@ -120,7 +122,7 @@ class LookupStaging:
     def install(self) -> "LookupStaging":
         # An instance attribute: LMCache's lookup server (and the bypass
         # client) call ``engine.lookup(..., lookup_id=..., pin=True)``.
-        self._engine.lookup = self.lookup
+        overrides.apply(overrides.STAGED_LOOKUP, self._engine, "lookup", self.lookup)
         return self
 
     # ---- lookup (lookup-server thread) ------------------------------------

@@ -55,6 +55,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
+from lmcache_ascend.lmcache_bridge import overrides
+
 logger = logging.getLogger(__name__)
 
 _STOP = object()
@@ -159,6 +161,8 @@ class StepPuts:
         self._backends = backends
         self._seals = seals
         self._orig = {id(b): b.batched_submit_put_task for b in backends}
+        # What the registry replaced, put back in close().
+        self._replaced: list[overrides.Replaced] = []
         self._held: dict[int, _Batch] = {}
         self._open = False
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
@@ -169,7 +173,9 @@ class StepPuts:
         self._thread = threading.Thread(target=self._run, name="lmcache-ascend-puts", daemon=True)
         self._thread.start()
         for backend in backends:
-            backend.batched_submit_put_task = self._holder(backend)
+            self._replaced.append(
+                overrides.apply(overrides.STEP_PUTS, backend, "batched_submit_put_task", self._holder(backend))
+            )
 
     @classmethod
     def install(cls, engine: Any, seals: Optional[DeferredSeals] = None) -> Optional["StepPuts"]:
@@ -330,5 +336,5 @@ class StepPuts:
                                "after close; they may be lost", self._writing, timeout)
         self._queue.put(_STOP)
         self._thread.join(timeout)
-        for backend in self._backends:
-            backend.batched_submit_put_task = self._orig[id(backend)]
+        for replaced in self._replaced:
+            overrides.undo(replaced)

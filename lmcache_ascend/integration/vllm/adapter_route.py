@@ -44,7 +44,7 @@ import logging
 import os
 from typing import Any, Callable, Mapping, Optional
 
-from lmcache_ascend.lmcache_bridge import hook, route_registry
+from lmcache_ascend.lmcache_bridge import hook, overrides, route_registry
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ def install_shutdown(parent: Optional[Any], close: Callable[[], None]) -> None:
 
     if parent is None or type(parent).shutdown is not KVConnectorBase_V1.shutdown:
         return  # vLLM closes it itself
-    parent.shutdown = close
+    overrides.apply(overrides.CONNECTOR_SHUTDOWN, parent, "shutdown", close)
     # On every vLLM: 0.32 closes an in-process engine only when it is
     # garbage collected or at exit, after non-daemon threads are joined.
     close_before_thread_join(parent, lambda p: p.shutdown())

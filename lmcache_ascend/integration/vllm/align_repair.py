@@ -30,6 +30,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from lmcache_ascend.lmcache_bridge import overrides
+
 logger = logging.getLogger(__name__)
 
 
@@ -47,7 +49,7 @@ class AlignBlockSize:
         current = getattr(self._cache_config, "block_size", None)
         if current == self.block_size:
             return
-        self._cache_config.block_size = self.block_size
+        overrides.apply(overrides.ALIGN_BLOCK_SIZE, self._cache_config, "block_size", self.block_size)
         self.restored += 1
         if self.restored == 1:
             logger.warning(

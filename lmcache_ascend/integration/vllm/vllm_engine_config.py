@@ -18,6 +18,8 @@ from typing import Any, Optional
 
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
+from lmcache_ascend.lmcache_bridge import overrides
+
 logger = logging.getLogger(__name__)
 
 
@@ -66,7 +68,7 @@ def ensure_recompute_on_load_failure(vllm_config: Any) -> None:
             "partial load from the cache is recomputed instead of failing the request)",
             ktc.kv_load_failure_policy,
         )
-        ktc.kv_load_failure_policy = "recompute"
+        overrides.apply(overrides.RECOMPUTE_ON_LOAD_FAILURE, ktc, "kv_load_failure_policy", "recompute")
 
 
 # ---- Mamba / GDN state (align mode): read for planning/state_align.py ----
@@ -164,7 +166,7 @@ def keep_admission_blocks_free(vllm_config: Any, kv_cache_config: KVCacheConfig,
             f"lmcache-ascend: vLLM's KV cache has {total} blocks; Mamba state hits need {blocks} of "
             "them kept free at admission"
         )
-    sched.watermark = needed
+    overrides.apply(overrides.SCHEDULER_WATERMARK, sched, "watermark", needed)
     logger.info(
         "lmcache-ascend: scheduler watermark %.6f -> %.6f (%d of %d KV blocks kept free at "
         "admission: a Mamba state hit takes one block per state group that vLLM does not count)",

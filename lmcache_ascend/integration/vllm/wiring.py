@@ -22,6 +22,7 @@ import torch
 from lmcache_ascend.integration.vllm import vllm_engine_config, vllm_kv_layout, vllm_specs
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
+from lmcache_ascend.lmcache_bridge import overrides
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.groups import SchedulerGroup
 from lmcache_ascend.planning.isolation import Refusal
@@ -188,7 +189,7 @@ def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: 
         size,
         current,
     )
-    config.chunk_size = size
+    overrides.apply(overrides.DEFAULT_CHUNK_SIZE, config, "chunk_size", size)
     return None
 
 
