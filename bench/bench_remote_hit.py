@@ -1,0 +1,268 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A remote hit while other requests decode: their gaps, its TTFT, one run.
+
+What a user of a shared pool sees (issue: transfers off the critical path):
+requests decode on an instance while another request arrives with a long
+prefix that only the pool (a real redis-server on 127.0.0.1, LMCache's
+remote backend) holds. Measured, against two controls on the same server:
+
+  remote   the prefix is in Redis only (written by another instance), not in
+           this instance's vLLM or LMCache CPU cache: the connector looks it
+           up, fetches and verifies it, and loads it;
+  vllm     the same kind of prompt hitting in vLLM's own prefix cache (sent
+           once before): the no-transfer limit;
+  cold     a prompt nobody has seen: a full prefill (chunked by vLLM).
+
+Two OpenAI servers with the connector run one after the other: the writer
+computes every "remote" prompt once (its stores reach Redis) and stops;
+the reader starts with empty caches and serves the three kinds while one
+request decodes. For each arriving request: its TTFT, and the largest and
+p99 gap between the decoding request's tokens while it was in flight. Also,
+in the same run: a plain redis-py client reading the writer's values (what
+fetching the same bytes costs without the connector), against the
+connector's effective rate (the remote hit's KV bytes over its TTFT minus
+the vLLM hit's). Outputs of every remote hit equal the writer's cold ones
+(greedy tokens; logprobs within 1e-3) or the run says so.
+
+The model is a random-weight Llama with 16 KiB of KV per token (float32; 8
+layers x 4 KV heads x 64), so a fetch of a few thousand tokens takes longer
+than a decode step on this kind of machine.
+
+Goals (issue 36), printed as ratios measured here: largest decode gap
+during a remote hit <= 1.2x the gap during a vLLM hit; remote TTFT <= the
+fetch time plus one step; fetch rate >= 0.7x the plain client's.
+
+Usage:
+  python bench/bench_remote_hit.py [--lengths 4096,8192,12288] [--repeats 2] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
+
+from serving_client import HOST, Server, ServerSpec, complete  # noqa: E402
+
+from lmcache_ascend.cli.tiny_models import TinyModelSpec, build_tiny_model, token_prompt  # noqa: E402
+from redis_server import RedisServer, ensure_redis_server  # noqa: E402
+
+MODEL = TinyModelSpec("llama", num_layers=8, hidden_size=256, num_heads=8, num_kv_heads=4, head_dim=64,
+                      intermediate_size=512)
+KV_BYTES_PER_TOKEN = MODEL.num_layers * 2 * MODEL.num_kv_heads * MODEL.head_dim * 4
+# vLLM-CPU's block: the connector then hits where vLLM's own cache does, so
+# the step after a hit computes the same tokens in every kind.
+CHUNK = 128
+START_TIMEOUT_S = 600
+REQUEST_TIMEOUT_S = 600
+
+
+class Decoder:
+    """One request decoding in the background; its token arrival times."""
+
+    def __init__(self, port: int, model: str, seed: int) -> None:
+        self.stamps: list[float] = []
+        self._stop = threading.Event()
+        self._conn = http.client.HTTPConnection(HOST, port, timeout=REQUEST_TIMEOUT_S)
+        body = json.dumps({"model": model, "prompt": token_prompt(64, seed=seed), "max_tokens": 4000,
+                           "temperature": 0, "ignore_eos": True, "stream": True})
+        self._conn.request("POST", "/v1/completions", body=body, headers={"Content-Type": "application/json"})
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for raw in self._conn.getresponse():
+                if self._stop.is_set():
+                    break
+                if raw.startswith(b"data: {"):
+                    self.stamps.append(time.perf_counter())
+        except (OSError, AttributeError, ValueError):
+            pass  # stop() closed the stream under the reader
+
+    def wait_steady(self, tokens: int = 20, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.stamps) < tokens:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the decoding request produced no steady stream")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        # Closing the stream aborts the request in vLLM.
+        self._stop.set()
+        self._conn.close()
+        self._thread.join(30)
+
+    def gaps(self, start: float, end: float) -> list[float]:
+        s = self.stamps
+        return [b - a for a, b in zip(s, s[1:]) if b > start and a < end]
+
+
+@dataclass
+class Arrival:
+    kind: str  # remote | vllm | cold
+    length: int
+    repeat: int
+    ttft_s: float
+    cached_tokens: int
+    max_gap_ms: float
+    p99_gap_ms: float
+    median_gap_ms: float  # of the decoder before the arrival: its steady pace
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+
+
+def p99(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
+
+
+def arrive(port: int, model: str, kind: str, prompt: list[int], length: int, repeat: int) -> Arrival:
+    dec = Decoder(port, model, seed=90_000 + 7 * length + 100 * repeat + len(kind))
+    try:
+        dec.wait_steady()
+        time.sleep(0.5)
+        before = dec.gaps(0.0, time.perf_counter())
+        t0 = time.perf_counter()
+        reply = complete(port, model, prompt, max_tokens=4, timeout=REQUEST_TIMEOUT_S)
+        t1 = t0 + reply.ttft
+        time.sleep(0.3)  # the decoder's gap that ends after the first token
+        during = dec.gaps(t0, t1) or [float("nan")]
+    finally:
+        dec.stop()
+    return Arrival(kind, length, repeat, reply.ttft, reply.cached_tokens, max(during) * 1e3, p99(during) * 1e3,
+                   statistics.median(before[-50:]) * 1e3, reply.tokens, reply.logprobs)
+
+
+def wait_pool_settled(url: str, quiet_s: float = 3.0, timeout: float = 300.0) -> int:
+    """Waits until the number of values in the pool stopped growing: the
+    writer's puts are asynchronous, and a server stopped with vLLM's default
+    (abort) shutdown would lose those in flight."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    deadline = time.monotonic() + timeout
+    last, since = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = sum(1 for k in client.keys() if k.endswith(b"kv_bytes"))
+        if n != last:
+            last, since = n, time.monotonic()
+        elif n > 0 and time.monotonic() - since >= quiet_s:
+            break
+        time.sleep(0.25)
+    client.close()
+    return last
+
+
+def plain_client_rate(url: str) -> tuple[float, int]:
+    """GB/s of redis-py GETs of every value in the pool, and the bytes read."""
+    import redis
+
+    client = redis.Redis.from_url(url)
+    keys = [k for k in client.keys() if k.endswith(b"kv_bytes")]
+    t0 = time.perf_counter()
+    total = sum(len(client.get(k) or b"") for k in keys)
+    took = time.perf_counter() - t0
+    client.close()
+    return total / took / 1e9, total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="4096,8192,12288", help="prompt tokens, comma-separated")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--workdir", type=Path, default=None, help="keep server logs here")
+    args = ap.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",")]
+    if ensure_redis_server() is None:
+        print("redis-server is not installed", file=sys.stderr)
+        return 2
+    model = str(build_tiny_model(MODEL))
+    max_len = max(lengths) + 64
+    # KV for the decoder, the three kinds of prompt per length and repeat
+    # (the vLLM-hit ones stay resident), with room to spare.
+    kv_gib = max(1, -(-(3 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN) // (1 << 30)) + 1)
+    lmcache_gb = max(2.0, 2 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN / 1e9)
+    spec = ServerSpec(model, "ascend", max_len, kv_space_gib=kv_gib, lmcache_cpu_gb=lmcache_gb, chunk_size=CHUNK)
+    remote_prompts = {(n, r): token_prompt(n, seed=1000 * r + n) for n in lengths for r in range(args.repeats)}
+    arrivals: list[Arrival] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = args.workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        with RedisServer(work / "redis") as redis_srv:
+            os.environ.update(LMCACHE_REMOTE_URL=redis_srv.url, LMCACHE_REMOTE_SERDE="naive")
+            log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+            writer = Server(spec, work / "writer.log")
+            try:
+                writer.wait_ready(START_TIMEOUT_S, log, "writer")
+                reference = {key: complete(writer.port, model, p, 4, REQUEST_TIMEOUT_S)
+                             for key, p in remote_prompts.items()}
+                log(f"writer: {wait_pool_settled(redis_srv.url)} chunks in the pool")
+            finally:
+                writer.stop()
+            reader = Server(spec, work / "reader.log")
+            try:
+                reader.wait_ready(START_TIMEOUT_S, log, "reader")
+                complete(reader.port, model, token_prompt(300, seed=7), 4, REQUEST_TIMEOUT_S)  # first-request costs
+                for r in range(args.repeats):
+                    for n in lengths:
+                        other = token_prompt(n, seed=500_000 + 1000 * r + n)
+                        log(f"length {n}, repeat {r}")
+                        arrivals.append(arrive(reader.port, model, "cold", other, n, r))
+                        arrivals.append(arrive(reader.port, model, "vllm", other, n, r))
+                        arrivals.append(arrive(reader.port, model, "remote", remote_prompts[(n, r)], n, r))
+            finally:
+                reader.stop()
+            rate_gbs, pool_bytes = plain_client_rate(redis_srv.url)
+
+    exact = []
+    for a in arrivals:
+        if a.kind == "remote":
+            ref = reference[(a.length, a.repeat)]
+            exact.append(a.tokens == ref.tokens and max(abs(x - y) for x, y in zip(a.logprobs, ref.logprobs)) <= 1e-3)
+    print(f"model: llama, {MODEL.num_layers} layers, {KV_BYTES_PER_TOKEN // 1024} KiB of KV per token; "
+          f"chunk {CHUNK}; medians over {args.repeats} repeat(s)")
+    print("| prompt tokens | kind | TTFT s | tokens cached | largest decode gap ms | p99 gap ms | steady gap ms |")
+    print("|---|---|---|---|---|---|---|")
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    summary = {}
+    for n in lengths:
+        for kind in ("cold", "vllm", "remote"):
+            rows = [a for a in arrivals if a.length == n and a.kind == kind]
+            cell = {k: med([getattr(a, k) for a in rows]) for k in
+                    ("ttft_s", "cached_tokens", "max_gap_ms", "p99_gap_ms", "median_gap_ms")}
+            summary[(n, kind)] = cell
+            print(f"| {n} | {kind} | {cell['ttft_s']:.2f} | {cell['cached_tokens']:.0f} | {cell['max_gap_ms']:.0f} | "
+                  f"{cell['p99_gap_ms']:.0f} | {cell['median_gap_ms']:.0f} |")
+    print()
+    print("| prompt tokens | gap remote / vLLM hit (goal <= 1.2) | fetch GB/s | / plain redis-py GETs (goal >= 0.7) |")
+    print("|---|---|---|---|")
+    for n in lengths:
+        remote, vhit = summary[(n, "remote")], summary[(n, "vllm")]
+        fetch_s = remote["ttft_s"] - vhit["ttft_s"]
+        fetched = remote["cached_tokens"] * KV_BYTES_PER_TOKEN / 1e9
+        rate = fetched / fetch_s if fetch_s > 0 else float("inf")
+        print(f"| {n} | {remote['max_gap_ms'] / vhit['max_gap_ms']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} |")
+    print(f"plain redis-py GETs of the pool's {pool_bytes / 1e6:.0f} MB: {rate_gbs:.2f} GB/s")
+    print(f"remote hits equal to the writer's cold outputs: {sum(exact)}/{len(exact)}")
+    if args.json:
+        args.json.write_text(json.dumps({"arrivals": [asdict(a) for a in arrivals], "plain_gbs": rate_gbs,
+                                         "exact": exact}, indent=1))
+    return 0 if all(exact) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
