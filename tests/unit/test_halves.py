@@ -5,6 +5,7 @@ transfers planned under another chunk size or grouping."""
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 
 import pytest
@@ -17,6 +18,8 @@ from lmcache_ascend.integration.vllm.stats import COUNTER_NAMES, AscendConnector
 from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, RequestTransfer, StepTransfers, StoreSpec
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
 from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext
+from lmcache_ascend.lmcache_bridge.staging import StagingCounts
+from lmcache_ascend.lmcache_bridge.step_puts import Handoff
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
 from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 from lmcache_ascend.planning.settings import AscendConfig
@@ -87,10 +90,36 @@ class _Engine:
     def close(self):
         self.closed += 1
 
+    # The rest of what the worker half calls (seams.WorkerEngineSeam), as an
+    # engine without staging, remote stores or step hand-offs answers.
+    def release_claim(self, claim):
+        pass
 
-def _worker(engine, agreement=None) -> WorkerHalf:
+    def load_claim(self, claim, first, end, ctx):
+        raise AssertionError("claim() never returns a claim here")
+
+    def take_counts(self):
+        return StagingCounts()
+
+    def backend_failures(self):
+        return 0
+
+    def remote_unavailable(self):
+        return 0
+
+    def step(self):
+        return contextlib.nullcontext(Handoff())
+
+
+def _worker(engine, agreement=None, transfer=None, vote_failed_loads=None) -> WorkerHalf:
     plan = SimpleNamespace(chunk_bytes=PAYLOAD, group_bytes=lambda: {0: PAYLOAD})
-    return WorkerHalf(GROUPS, CHUNK, engine, transfer=None, plan=plan, agreement=agreement)
+    return WorkerHalf(
+        GROUPS, CHUNK, engine, transfer=transfer, plan=plan, agreement=agreement, vote_failed_loads=vote_failed_loads
+    )
+
+
+# Every chunk complete: all its groups have real blocks.
+_ALL_COMPLETE = SimpleNamespace(incomplete_groups=lambda chunk: ())
 
 
 def test_checksum_and_copy_failures_are_exported_counters():
@@ -153,8 +182,7 @@ def test_a_step_that_loaded_a_request_badly_stores_nothing_of_it():
     objs = [_sealed(conn, 1), _sealed(conn, 2)]
     objs[1].tensor[3] ^= 0x01  # the second chunk fails its checksum
     engine = _Engine(conn, objs)
-    half = _worker(engine)
-    half.transfer = SimpleNamespace(incomplete_groups=lambda chunk: ())
+    half = _worker(engine, transfer=_ALL_COMPLETE)
     tokens = tuple(range(16))
     bad = RequestTransfer("bad", tokens, ((1, 2, 3, 4),), load=LoadSpec(0, 8), store=StoreSpec(8, 16))
     other = RequestTransfer("other", tokens, ((5, 6, 7, 8),), store=StoreSpec(0, 16))
@@ -173,13 +201,13 @@ def test_a_step_that_loaded_a_request_badly_stores_nothing_of_it():
         votes.append((list(candidates), set(failed)))
         return {"bad"}  # another rank reported "bad"
 
-    half.vote_failed_loads = vote
+    half = _worker(engine, transfer=_ALL_COMPLETE, vote_failed_loads=vote)
     half.start_load(step)
     half.save(step)
     assert votes == [(["bad"], set())]  # only requests that load and store are voted on
     assert engine.stored == [("other", 0, 16)]
     # A step with no failure anywhere stores both.
-    half.vote_failed_loads = lambda candidates, failed: set(failed)
+    half = _worker(engine, transfer=_ALL_COMPLETE, vote_failed_loads=lambda candidates, failed: set(failed))
     engine.stored = []
     half.start_load(step)
     half.save(step)
@@ -190,10 +218,6 @@ def test_a_steps_handoff_time_is_shared_by_the_requests_that_stored():
     """The step's remote puts are handed off once, after its stores
     (lmcache_bridge/step_puts.py): that time is part of what the step waited
     for, split evenly over the requests that stored, never lost or doubled."""
-    import contextlib
-
-    from lmcache_ascend.lmcache_bridge.step_puts import Handoff
-
     conn = _connector([])
     engine = _Engine(conn, [])
     steps = []
@@ -206,8 +230,7 @@ def test_a_steps_handoff_time_is_shared_by_the_requests_that_stored():
         out.seconds = 0.25  # as if queueing the step's puts took that long
 
     engine.step = step
-    half = _worker(engine)
-    half.transfer = SimpleNamespace(incomplete_groups=lambda chunk: ())
+    half = _worker(engine, transfer=_ALL_COMPLETE)
     tokens = tuple(range(16))
     a = RequestTransfer("a", tokens, ((1, 2, 3, 4),), store=StoreSpec(0, 16))
     b = RequestTransfer("b", tokens, ((5, 6, 7, 8),), store=StoreSpec(8, 16))

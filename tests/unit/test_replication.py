@@ -103,17 +103,18 @@ def test_store_path_takes_only_its_stripe():
     from lmcache_ascend.integration.vllm.parallel import Stripe
     from lmcache_ascend.integration.vllm.worker import WorkerHalf
 
-    half = WorkerHalf.__new__(WorkerHalf)
-    half.chunk_size = 128
-    half.stripe = None
-    assert half._stripe_runs([(0, 384)]) == [(0, 384)]
-    half.stripe = Stripe(0, 2)
+    def half(stripe):
+        # Only the chunk size and the stripe matter to the store path's cut.
+        plan = SimpleNamespace(chunk_bytes=0, group_bytes=lambda: {})
+        return WorkerHalf((), 128, engine=None, transfer=None, plan=plan, stripe=stripe)
+
+    assert half(None)._stripe_runs([(0, 384)]) == [(0, 384)]
     # 3 chunks from chunk 0: rank 0 writes chunks 0-1; 2 chunks from chunk 4
     # (first 4 is even): rank 0 writes chunk 4.
-    assert half._stripe_runs([(0, 384), (512, 768)]) == [(0, 256), (512, 640)]
-    half.stripe = Stripe(1, 2)
-    assert half._stripe_runs([(0, 384), (512, 768)]) == [(256, 384), (640, 768)]
-    assert half._stripe_runs([(128, 256)]) == [(128, 256)]  # chunk 1 alone: rank 1
+    assert half(Stripe(0, 2))._stripe_runs([(0, 384), (512, 768)]) == [(0, 256), (512, 640)]
+    rank1 = half(Stripe(1, 2))
+    assert rank1._stripe_runs([(0, 384), (512, 768)]) == [(256, 384), (640, 768)]
+    assert rank1._stripe_runs([(128, 256)]) == [(128, 256)]  # chunk 1 alone: rank 1
     assert dataclasses.is_dataclass(Stripe)
 
 

@@ -48,6 +48,13 @@ from lmcache_ascend.lmcache_bridge import hook, overrides, route_registry
 
 logger = logging.getLogger(__name__)
 
+# The untyped parameters below are LMCache's and vLLM's objects as LMCache's
+# adapter hands them over: ``config`` LMCache's LMCacheEngineConfig,
+# ``parent`` its LMCacheConnectorV1Impl, ``engine`` its LMCacheEngine (LMCache
+# ships no types), ``vllm_config`` / ``kv_cache_config`` / ``request`` vLLM's
+# objects as that adapter stores them (read through the vllm_* modules), and
+# ``kv_caches`` vLLM's per-layer tensor or list of tensor views.
+
 
 def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
     """Our startup checks and requirements, in both vLLM roles."""

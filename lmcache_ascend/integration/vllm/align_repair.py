@@ -28,7 +28,11 @@ asks its first question (before any split), and says so once.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    # Named for readers; mypy skips vLLM's sources, so to it this stays untyped.
+    from vllm.config import CacheConfig
 
 from lmcache_ascend.lmcache_bridge import overrides
 
@@ -40,7 +44,7 @@ class AlignBlockSize:
     ``cache_config.block_size`` to ``block_size`` (the Mamba/attention block
     size of the KV cache) where something reset it."""
 
-    def __init__(self, cache_config: Any, block_size: int) -> None:
+    def __init__(self, cache_config: CacheConfig, block_size: int) -> None:
         self._cache_config = cache_config
         self.block_size = int(block_size)
         self.restored = 0

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
 
+    from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
     from lmcache_ascend.integration.vllm.worker import WorkerHalf
 
 logger = logging.getLogger(__name__)
@@ -76,6 +77,8 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
                 f"LMCacheAscendConnectorV1Dynamic: kv_role={kv_role!r} is not valid; "
                 f"use one of {list(_VALID_ROLES)}"
             )
+        # getattr: read as a probe, since the flag is not on every vLLM
+        # series' ModelConfig (and test configs carry no model_config).
         if getattr(getattr(vllm_config, "model_config", None), "enable_sleep_mode", False):
             # vLLM 0.33 asks supports_sleep_mode() itself; older releases do
             # not ask, so the same answer is given here on every version.
@@ -89,7 +92,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self._may_load = kv_role in ("kv_both", "kv_consumer")
         self._may_store = kv_role in ("kv_both", "kv_producer")
         self._features = features
-        self._scheduler = None
+        self._scheduler: Optional[SchedulerHalf] = None
         self._worker: Optional[WorkerHalf] = None
         # On every vLLM: before 0.32 nothing shuts an in-process engine's
         # connectors down, and 0.32's InprocClient does so only when it is
@@ -105,7 +108,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
             self._scheduler = build_scheduler_half(vllm_config, kv_cache_config)
 
     @classmethod
-    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:  # vLLM >= 0.33 only: unused here
         """vLLM >= 0.33: sleep mode frees and remaps the KV cache tensors this
         connector's worker registered and addresses; refused (vLLM then
         names this connector in its error), like vLLM's MooncakeStoreConnector."""
@@ -138,7 +141,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         assert isinstance(meta, AscendConnectorMetadata)
         return meta.transfers
 
-    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:  # vLLM's base signature
         step = self._step()
         if step is None or self._worker is None:
             return
@@ -153,7 +156,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self,
         layer_name: str,
         kv_layer: torch.Tensor,
-        attn_metadata: Any,
+        attn_metadata: Any,  # vLLM's per-backend metadata: untyped in its base class
         **kwargs: Any,
     ) -> None:
         return
@@ -188,7 +191,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         return None
 
     @classmethod
-    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None):
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None):  # vLLM's stats dict: untyped
         from lmcache_ascend.integration.vllm.stats import AscendConnectorStats
 
         return AscendConnectorStats(data=dict(data)) if data else AscendConnectorStats()
@@ -205,11 +208,14 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         return self._worker.take_load_errors()
 
     def shutdown(self) -> None:
-        for name in ("_scheduler", "_worker"):
-            half = getattr(self, name)
-            if half is not None:
-                setattr(self, name, None)
-                half.close()
+        # Each half is dropped before it closes: a second shutdown (vLLM's,
+        # after ours at exit) closes nothing twice.
+        if self._scheduler is not None:
+            scheduler, self._scheduler = self._scheduler, None
+            scheduler.close()
+        if self._worker is not None:
+            worker, self._worker = self._worker, None
+            worker.close()
 
     # ==== scheduler side ==================================================
 
@@ -234,13 +240,14 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         transfers = self._scheduler.build(vllm_step_view.step_view(scheduler_output))
         return AscendConnectorMetadata(transfers)
 
+    # vLLM's kv_transfer_params: a free-form dict in its base class.
     def request_finished(
         self, request: "Request", block_ids: list[int]
     ) -> tuple[bool, Optional[dict[str, Any]]]:
         assert self._scheduler is not None
         return self._scheduler.request_finished(request.request_id)
 
-    def request_finished_all_groups(
+    def request_finished_all_groups(  # as request_finished
         self, request: "Request", block_ids: tuple[list[int], ...]
     ) -> tuple[bool, Optional[dict[str, Any]]]:
         assert self._scheduler is not None

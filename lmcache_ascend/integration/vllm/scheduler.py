@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from lmcache_ascend.integration.vllm.lookup_ahead import WAIT_IN_STEP_S, LookupAhead
+from lmcache_ascend.integration.vllm.seams import LookupFn, OwnedLookup
 from lmcache_ascend.integration.vllm.stats import SchedulerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import (
     LoadSpec,
@@ -33,12 +34,6 @@ from lmcache_ascend.planning.slot_mapping import primary_group
 from lmcache_ascend.planning.state_align import hit_block_index, running_block_index
 
 logger = logging.getLogger(__name__)
-
-# (token ids, lookup id) -> tokens of the longest stored prefix, or None
-# when LMCache gave no answer (timeout, transport error): served as a miss.
-# A lookup with a close() (lmcache_bridge.engine.SchedulerLookup) is owned
-# by the half and closed with it.
-LookupFn = Callable[[Sequence[int], str], Optional[int]]
 
 # A failing lookup path is logged on the first failure and then every this
 # many, so a dead lookup server cannot flood the log.
@@ -153,6 +148,9 @@ class SchedulerHalf:
         self,
         groups: Sequence[SchedulerGroup],
         chunk_size: int,
+        # (token ids, lookup id) -> stored prefix (seams.LookupFn); one
+        # with a close() (seams.OwnedLookup: lmcache_bridge.engine.
+        # SchedulerLookup) is owned by the half and closed with it.
         lookup: LookupFn,
         hit_blockers: Sequence[SchedulerGroup] = (),
         agreement: Optional[HalfAgreement] = None,
@@ -216,9 +214,8 @@ class SchedulerHalf:
     def close(self) -> None:
         if self._ahead is not None:
             self._ahead.close()  # the lookup client is the thread's alone until then
-        close = getattr(self._lookup, "close", None)
-        if callable(close):
-            close()
+        if isinstance(self._lookup, OwnedLookup):  # a plain function owns nothing
+            self._lookup.close()
 
     # ---- admission -------------------------------------------------------
 

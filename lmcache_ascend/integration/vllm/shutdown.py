@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar
+
+if TYPE_CHECKING:
+    # Named for readers; mypy skips vLLM's sources, so to it this stays untyped.
+    from vllm.config import VllmConfig
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
 
-def close_before_thread_join(owner: Any, close: Callable[[Any], Any]) -> bool:
+def close_before_thread_join(owner: T, close: Callable[[T], object]) -> bool:
     """Run ``close(owner)`` when the interpreter starts to exit, if ``owner``
     is still alive then. vLLM < 0.32's in-process engine never shuts its
     connectors down, and LMCache's storage event-loop thread is not a daemon:
@@ -56,12 +62,13 @@ SHUTDOWN_ADVICE = (
 )
 
 
-def advise_drain(vllm_config: Any, shared_store: str) -> bool:
+def advise_drain(vllm_config: VllmConfig, shared_store: str) -> bool:
     """Say once, at startup, that vLLM's default shutdown loses the writes
     in flight to ``shared_store`` (disk or remote; nothing where it is
     empty), and how to keep them. A killed process cannot count what it
     lost, so this line is the only account of it. Returns whether it was
     logged."""
+    # A probe: vLLM series without graceful shutdown have no shutdown_timeout.
     timeout = getattr(vllm_config, "shutdown_timeout", None)
     if not shared_store or timeout is None or int(timeout) != 0:
         return False

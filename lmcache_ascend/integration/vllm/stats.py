@@ -144,7 +144,7 @@ class AscendPromMetrics(KVConnectorPromMetrics):
 
     def __init__(
         self,
-        vllm_config: Any,
+        vllm_config: Any,  # passed through to vLLM's base class, which leaves it untyped
         metric_types: dict[type[PromMetric], type[PromMetricT]],
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
@@ -159,6 +159,7 @@ class AscendPromMetrics(KVConnectorPromMetrics):
             for name in COUNTER_NAMES
         }
 
+    # vLLM hands the stats over as a free-form dict (ours: counter name -> number).
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         if not transfer_stats_data:
             return

@@ -22,6 +22,11 @@ from lmcache_ascend.lmcache_bridge import overrides
 
 logger = logging.getLogger(__name__)
 
+# ``vllm_config`` stays untyped: vLLM's VllmConfig is skipped by mypy (so
+# untyped to it either way), its fields differ across 0.23-0.32 (read with
+# probes below), and unit tests hand in plain namespaces. The extra config
+# is the user's JSON (values of any kind).
+
 
 def is_cpu_platform() -> bool:
     from vllm.platforms import current_platform

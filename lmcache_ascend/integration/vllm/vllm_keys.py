@@ -54,6 +54,9 @@ class RequestView:
     refusal: Optional[Refusal] = None
 
 
+# ``request`` / ``vllm_config`` / ``model_config`` stay untyped: vLLM's
+# Request and configs differ across 0.23-0.32 (the probes below read the
+# fields only some series have), and mypy skips vLLM's sources.
 def request_keys(request: Any) -> tuple[RequestKeys, Optional[Refusal]]:
     """The extra keys of ``request``, or why it cannot be keyed."""
     if getattr(request, "prompt_embeds", None) is not None:

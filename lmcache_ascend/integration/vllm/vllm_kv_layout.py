@@ -72,6 +72,7 @@ _ASCEND_ATTENTION = ("vllm_ascend", "vllm_ascend.attention.attention_v1", "Ascen
 _NOT_ASCEND = object()
 
 
+# vLLM-Ascend's attention backend module: optional, untyped, imported by name.
 def _ascend_token_row_layout() -> Any:
     """"NHD"/"HND" as vLLM-Ascend's backend shapes K/V here, or _NOT_ASCEND."""
     package, name, cls = _ASCEND_ATTENTION

@@ -98,6 +98,10 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     return GroupKind.STATE, None
 
 
+# The untyped values below are vLLM's: a spec field only some specs have
+# (vLLM-Ascend's, some vLLM series'), read with a probe and checked here;
+# vLLM-Ascend's optional specs module; vLLM's KV cache group objects (mypy
+# skips vLLM's sources).
 def _ratio_value(value: Any) -> Optional[int]:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 

@@ -16,6 +16,8 @@ from typing import Any, Optional
 from vllm.v1.core.sched.output import SchedulerOutput
 
 
+# vLLM's per-group block ids as its SchedulerOutput holds them (a tuple of
+# lists): mypy skips vLLM's sources, so they are untyped here either way.
 def block_ids_of(block_ids: Any) -> tuple[list[int], ...]:
     """Normalize vLLM's per-group block ids (tuple of lists) to fresh lists."""
     return tuple(list(ids) for ids in block_ids)

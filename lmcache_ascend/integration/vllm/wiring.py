@@ -15,7 +15,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, TypedDict
+from typing import TYPE_CHECKING, Any, Mapping, Optional, TypedDict
 
 import torch
 
@@ -29,6 +29,21 @@ from lmcache_ascend.planning.isolation import Refusal
 from lmcache_ascend.planning.settings import PLAN_FILE_KEY, AscendConfig, ConfigValueError, plan_file_for
 from lmcache_ascend.planning.state_align import SnapshotLayout, StateGate
 
+if TYPE_CHECKING:
+    # Imported where used, at startup of the half that needs them; named here
+    # for the annotations. (vLLM's config types stay untyped to mypy, which skips
+    # vLLM's sources; tests hand in plain namespaces.)
+    from vllm.config import VllmConfig
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+
+    from lmcache_ascend.integration.vllm.lookup_ahead import LookupAhead
+    from lmcache_ascend.lmcache_bridge.engine import EngineSpec
+    from lmcache_ascend.planning.kv_format import LayoutHints
+    from lmcache_ascend.planning.planner import TransferPlan
+    from lmcache_ascend.planning.replication import Replication
+    from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
+    from lmcache_ascend.transfer.state_transfer import StateTransfer
+
 logger = logging.getLogger(__name__)
 
 
@@ -36,11 +51,11 @@ logger = logging.getLogger(__name__)
 class ConnectorSetup:
     """Everything both halves derive from the configs, alike."""
 
-    lmcache_config: Any  # LMCacheEngineConfig
+    lmcache_config: Any  # LMCache's LMCacheEngineConfig: LMCache ships no types
     ascend_config: AscendConfig
     groups: tuple[SchedulerGroup, ...]
     chunk_size: int
-    engine: Any  # lmcache_bridge.engine.EngineSpec
+    engine: EngineSpec
     agreement: HalfAgreement
     # Mamba / GDN state hits: the gate (None without Mamba groups) and, when
     # it is open, the snapshot layout.
@@ -52,7 +67,7 @@ class ConnectorSetup:
     model_refusal: Optional[Refusal] = None
 
 
-def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
+def load_setup(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> ConnectorSetup:
     from lmcache_ascend.lmcache_bridge.config import (
         apply_extra_config,
         enforce_engine_requirements,
@@ -103,7 +118,7 @@ def load_setup(vllm_config: Any, kv_cache_config: Any) -> ConnectorSetup:
     )
 
 
-def model_identity(vllm_config: Any, ascend: AscendConfig) -> tuple[str, Optional[Refusal]]:
+def model_identity(vllm_config: VllmConfig, ascend: AscendConfig) -> tuple[str, Optional[Refusal]]:
     """The fingerprint of the weights and settings behind the KV
     (planning/identity.py), part of every chunk key: engines serving other
     weights under one model name never share entries. Where the weights
@@ -133,7 +148,7 @@ def model_identity(vllm_config: Any, ascend: AscendConfig) -> tuple[str, Optiona
     return fingerprint, None
 
 
-def _state_setup(vllm_config: Any, kv_cache_config: Any, groups: tuple[SchedulerGroup, ...], chunk_size: int,
+def _state_setup(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, groups: tuple[SchedulerGroup, ...], chunk_size: int,
                  ascend: AscendConfig) -> tuple[Optional[StateGate], Optional[SnapshotLayout]]:
     """Whether Mamba state hits are exact here (planning/state_align.py)."""
     from lmcache_ascend.planning.state_align import decide, snapshot_layout
@@ -163,6 +178,8 @@ def hit_blockers(setup: ConnectorSetup) -> tuple[tuple[SchedulerGroup, ...], Opt
     return blockers, gate.refusal() if only_mamba else None
 
 
+# config: LMCache's LMCacheEngineConfig (untyped); extra: the user's
+# kv_connector_extra_config, JSON values of any kind.
 def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: Mapping[str, Any]) -> Optional[str]:
     """Unless the user chose one, chunk as finely as vLLM's blocks (see
     ``planning/chunking.py``). Returns where the user set it, or None."""
@@ -193,7 +210,7 @@ def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: 
     return None
 
 
-def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHalf:
+def build_scheduler_half(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> SchedulerHalf:
     """The scheduler half with its LMCache lookup client."""
     from lmcache_ascend.integration.vllm.scheduler import StateHits
     from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
@@ -246,7 +263,7 @@ def build_scheduler_half(vllm_config: Any, kv_cache_config: Any) -> SchedulerHal
     return half
 
 
-def _lookup_ahead(setup: ConnectorSetup) -> Optional[Any]:
+def _lookup_ahead(setup: ConnectorSetup) -> Optional[LookupAhead]:
     """The lookup thread, where ``ascend_async_lookup`` asks for one (auto:
     where a lookup reads a disk or remote store), with one line saying so."""
     from lmcache_ascend.integration.vllm.lookup_ahead import WAIT_IN_STEP_S, LookupAhead
@@ -266,7 +283,9 @@ def _lookup_ahead(setup: ConnectorSetup) -> Optional[Any]:
     return LookupAhead()
 
 
-def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping[str, Any]) -> WorkerHalf:
+# kv_caches: vLLM's per-layer KV entries, a tensor or a list of tensor views
+# depending on the attention backend and vLLM release (planning/kv_format.py).
+def build_worker_half(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, Any]) -> WorkerHalf:
     """Plans transfers for ``kv_caches`` and starts this worker's LMCache
     engine and lookup server (owned by the returned half)."""
     from lmcache_ascend.integration.vllm.parallel import failed_load_vote, store_stripe
@@ -283,7 +302,7 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
         plan = build_plan(kv_caches, setup.groups, setup.chunk_size, setup.ascend_config, hints)
     except ValueError as e:
         raise _with_chunk_source(e, setup) from e
-    state = None
+    state: Optional[StateTransfer] = None
     if setup.snapshot is not None and setup.state_gate is not None:
         state, plan = _worker_state(setup, plan, kv_caches)
     transfer = ChunkTransfer(plan, kv_device=kv_device(kv_caches), kv_caches=kv_caches)
@@ -298,15 +317,17 @@ def build_worker_half(vllm_config: Any, kv_cache_config: Any, kv_caches: Mapping
     engine = WorkerEngine.start(
         setup.lmcache_config, setup.engine, connector, plan.chunk_bytes, len(kv_caches), plan.layout_fingerprint
     )
-    half = WorkerHalf(setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement, state=state)
-    rep, half.stripe = store_stripe(setup.groups, vllm_config, setup.lmcache_config)
-    half.vote_failed_loads = failed_load_vote(vllm_config)
+    rep, stripe = store_stripe(setup.groups, vllm_config, setup.lmcache_config)
+    half = WorkerHalf(
+        setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement, state=state,
+        stripe=stripe, vote_failed_loads=failed_load_vote(vllm_config),
+    )
     text = plan_text(setup.groups, plan, setup.state_gate, setup.snapshot) + "\n" + rep.describe(
         dict(plan.group_bytes()), shared=bool(setup.lmcache_config.remote_url))
     logger.info("lmcache-ascend worker plan (%s):\n%s", setup.agreement.fingerprint, text)
     log_copy_threads(transfer)
     if setup.ascend_config.plan_file:
-        record = plan_record(setup, plan, rep, text, striped=half.stripe is not None)
+        record = plan_record(setup, plan, rep, text, striped=stripe is not None)
         path = write_plan_file(setup.ascend_config.plan_file, setup.engine.rank, record)
         logger.info("lmcache-ascend: worker plan written to %s", path)
     return half
@@ -319,6 +340,7 @@ class PlanRecord(TypedDict):
 
     rank: int
     text: str  # the plan as logged after "lmcache-ascend worker plan"
+    # JSON values of any kind (json.dumps of dataclasses.asdict output).
     plan: dict[str, Any]  # planner.PlanDescription, as a dict
     groups: list[dict[str, Any]]  # the scheduler groups (SchedulerGroup)
     agreement: str  # the fingerprint the two halves compare
@@ -326,7 +348,7 @@ class PlanRecord(TypedDict):
     replication: dict[str, Any]
 
 
-def plan_record(setup: ConnectorSetup, plan: Any, rep: Any, text: str, striped: bool) -> PlanRecord:
+def plan_record(setup: ConnectorSetup, plan: TransferPlan, rep: Replication, text: str, striped: bool) -> PlanRecord:
     """The one place the plan record is built (``plan``: the worker's
     TransferPlan; ``rep``: its replication, parallel.store_stripe)."""
     return {
@@ -341,7 +363,7 @@ def plan_record(setup: ConnectorSetup, plan: Any, rep: Any, text: str, striped: 
     }
 
 
-def write_plan_file(base: str, rank: int, record: Mapping[str, Any]) -> Path:
+def write_plan_file(base: str, rank: int, record: Mapping[str, Any]) -> Path:  # JSON values of any kind
     """Writes ``record`` as JSON to worker ``rank``'s file for an
     ``ascend_plan_file`` of ``base`` (settings.plan_file_for) and returns
     that path.
@@ -390,7 +412,9 @@ def _with_chunk_source(error: ValueError, setup: ConnectorSetup) -> ValueError:
     return ValueError(f"{error}. chunk_size {setup.chunk_size} was set by {setup.chunk_source}{hint}")
 
 
-def _worker_state(setup: ConnectorSetup, plan: Any, kv_caches: Mapping[str, Any]):
+def _worker_state(
+    setup: ConnectorSetup, plan: TransferPlan, kv_caches: Mapping[str, Any]  # as build_worker_half's
+) -> tuple[StateTransfer, TransferPlan]:
     """The state transfer for this worker's Mamba tensors, and the plan with
     the Mamba groups no longer counted as unrestorable (they are restored by
     state snapshots, not moved in chunks)."""
@@ -410,6 +434,7 @@ def _worker_state(setup: ConnectorSetup, plan: Any, kv_caches: Mapping[str, Any]
     return state, plan
 
 
+# JSON values of any kind: part of the plan record.
 def state_record(gate: Optional[StateGate], snapshot: Optional[SnapshotLayout]) -> Optional[dict[str, Any]]:
     """The Mamba state part of the plan record (None without Mamba groups)."""
     if gate is None:
@@ -447,7 +472,7 @@ def state_text(gate: Optional[StateGate], snapshot: Optional[SnapshotLayout]) ->
     )
 
 
-def plan_text(groups: tuple[SchedulerGroup, ...], plan: Any, gate: Optional[StateGate] = None,
+def plan_text(groups: tuple[SchedulerGroup, ...], plan: TransferPlan, gate: Optional[StateGate] = None,
               snapshot: Optional[SnapshotLayout] = None) -> str:
     """vLLM's KV cache groups as the connector read them, then the plan."""
     lines = ["scheduler groups (vLLM KV cache groups):"]
@@ -461,7 +486,7 @@ def plan_text(groups: tuple[SchedulerGroup, ...], plan: Any, gate: Optional[Stat
     return "\n".join(lines) + "\n" + str(plan.describe()) + ("\n" + state if state else "")
 
 
-def log_copy_threads(transfer: Any) -> Optional[int]:
+def log_copy_threads(transfer: ChunkTransfer) -> Optional[int]:
     """Says how many threads the CPU copies use; warns when the ops module
     was built without OpenMP and so copies on one of several threads."""
     used = transfer.copy_threads()
@@ -481,7 +506,7 @@ def log_copy_threads(transfer: Any) -> Optional[int]:
     return used
 
 
-def worker_layout_hints(kv_cache_config: Any):
+def worker_layout_hints(kv_cache_config: KVCacheConfig) -> LayoutHints:
     """vLLM-CPU attention blocks are opaque pages (K is transposed inside a
     block); other platforms hand over token-row tensors in the layout vLLM
     resolved (NHD/HND), possibly with per-layer compress ratios."""
@@ -493,7 +518,7 @@ def worker_layout_hints(kv_cache_config: Any):
     return LayoutHints(kv_layout=facts.kv_layout, layer_compress_ratio=facts.layer_compress_ratio)
 
 
-def kv_device(kv_caches: Mapping[str, Any]) -> torch.device:
+def kv_device(kv_caches: Mapping[str, Any]) -> torch.device:  # as build_worker_half's
     for entry in kv_caches.values():
         tensor = entry if isinstance(entry, torch.Tensor) else next(iter(entry))
         return tensor.device

@@ -4,14 +4,14 @@ between them and LMCache (retrieve before the forward, store after it).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence, cast
+from typing import Iterable, Optional, Sequence, cast
 
 import torch
 
+from lmcache_ascend.integration.vllm.seams import ChunkMover, ChunkPlan, FailedLoadVote, StateMover, WorkerEngineSeam
 from lmcache_ascend.integration.vllm.stats import WorkerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StateLoad, StateStore, StepTransfers
 from lmcache_ascend.lmcache_bridge.chunk_io import TransferContext
@@ -75,27 +75,40 @@ def blocks_for_range(
 
 class WorkerHalf:
     """Owns this worker's LMCache engine and lookup server (``engine``, an
-    ``lmcache_bridge.engine.WorkerEngine``: ``retrieve``/``store``/``unpin``/
-    ``close``) and moves chunks with ``transfer`` (a ``ChunkTransfer``) by
-    ``plan``."""
+    ``lmcache_bridge.engine.WorkerEngine``) and moves chunks with
+    ``transfer`` (a ``ChunkTransfer``) by ``plan``. What each is used for:
+    the Protocols in ``seams.py``."""
 
     def __init__(
         self,
         groups: Sequence[SchedulerGroup],
         chunk_size: int,
-        engine: Any,
-        transfer: Any,
-        plan: Any,
+        engine: WorkerEngineSeam,
+        transfer: ChunkMover,
+        plan: ChunkPlan,
         agreement: Optional[HalfAgreement] = None,
-        state: Any = None,
+        state: Optional[StateMover] = None,
+        stripe: Optional[StripePart] = None,
+        vote_failed_loads: Optional[FailedLoadVote] = None,
     ) -> None:
-        """``state``: a ``StateTransfer`` when Mamba state hits are on."""
+        """``state``: a ``StateTransfer`` when Mamba state hits are on.
+
+        ``stripe`` (wiring, for a replicated cache in a shared backend,
+        integration/vllm/parallel.py): this rank stores only its stripe.
+
+        ``vote_failed_loads`` (wiring, at TP > 1, integration/vllm/parallel.py):
+        the union over the TP ranks of the requests whose load failed in
+        this step. One rank's missing KV reaches every rank's new KV through
+        the layers' all-reduce, so every rank must drop those requests'
+        stores."""
         self.groups = tuple(groups)
         self.state = state
         self.chunk_size = chunk_size
         self.engine = engine
         self.transfer = transfer
         self.plan = plan
+        self.stripe = stripe
+        self.vote_failed_loads = vote_failed_loads
         self.chunk_bytes = plan.chunk_bytes
         self.agreement = agreement
         self._load_errors: set[int] = set()
@@ -121,19 +134,13 @@ class WorkerHalf:
     def take_stats(self) -> dict[str, float]:
         """Counter changes since the previous call (vLLM's stats hooks),
         with what this worker's lookups refused."""
-        take = getattr(self.engine, "take_counts", None)
-        if callable(take):
-            counts = take()
-            self.stats.checksum_failures += counts.checksum_failures
-            self.stats.unreadable_chunks += counts.unreadable_chunks
-            self.stats.quarantine_skips += counts.quarantine_skips
-            self.stats.staged_chunks += counts.staged_chunks
-        failures = getattr(self.engine, "backend_failures", None)
-        if callable(failures):
-            self.stats.backend_failures = failures()  # cumulative: take() sends the change
-        unavailable = getattr(self.engine, "remote_unavailable", None)
-        if callable(unavailable):
-            self.stats.remote_unavailable = unavailable()
+        counts = self.engine.take_counts()
+        self.stats.checksum_failures += counts.checksum_failures
+        self.stats.unreadable_chunks += counts.unreadable_chunks
+        self.stats.quarantine_skips += counts.quarantine_skips
+        self.stats.staged_chunks += counts.staged_chunks
+        self.stats.backend_failures = self.engine.backend_failures()  # cumulative: take() sends the change
+        self.stats.remote_unavailable = self.engine.remote_unavailable()
         return self.stats.take()
 
     def close(self) -> None:
@@ -176,13 +183,18 @@ class WorkerHalf:
         if n <= 0:
             self.engine.unpin(lookup_id)
             return
-        if spec.state is not None and self.state is None:
-            raise RuntimeError(
-                f"request {req.req_id}: the scheduler planned a Mamba state load but this worker "
-                "has no state transfer (the halves disagree)"
-            )
-        state = _StatePieces(spec.hit_tokens, self.state, load=spec.state) if spec.state is not None else None
-        ids = list(req.token_ids[: spec.hit_tokens]) + (list(self.state.layout.marks()) if state else [])
+        mover = self.state
+        state: Optional[_StatePieces] = None
+        marks: tuple[int, ...] = ()
+        if spec.state is not None:
+            if mover is None:
+                raise RuntimeError(
+                    f"request {req.req_id}: the scheduler planned a Mamba state load but this worker "
+                    "has no state transfer (the halves disagree)"
+                )
+            state = _StatePieces(spec.hit_tokens, mover, load=spec.state)
+            marks = tuple(mover.layout.marks())
+        ids = list(req.token_ids[: spec.hit_tokens]) + list(marks)
         tokens = torch.tensor(ids, dtype=torch.long)
         mask = torch.ones(len(ids), dtype=torch.bool)
         mask[:skip_aligned] = False
@@ -208,14 +220,14 @@ class WorkerHalf:
                 loaded_end = skip_aligned + (int(got.long().cumprod(0).sum()) if got.numel() else 0)
             if ctx.outcome.failed_from is not None:
                 loaded_end = min(loaded_end, ctx.outcome.failed_from)
-            if state is not None and ctx.outcome.state_pieces < self.state.layout.pieces:
+            if mover is not None and state is not None and ctx.outcome.state_pieces < mover.layout.pieces:
                 # The KV alone resumes from a wrong state: nothing counts.
                 logger.warning(
                     "lmcache-ascend: request %s: Mamba state at %d not loaded (%d of %d pieces)",
                     req.req_id,
                     spec.hit_tokens,
                     ctx.outcome.state_pieces,
-                    self.state.layout.pieces,
+                    mover.layout.pieces,
                 )
                 loaded_end = skip_aligned
         except Exception:  # noqa: BLE001 - a failed load must cost speed only
@@ -246,9 +258,9 @@ class WorkerHalf:
         rec.hit_tokens, rec.vllm_tokens = spec.hit_tokens, spec.skip_tokens
         rec.loaded_tokens += loaded
         rec.seconds += dt
-        if state is not None and loaded_end >= spec.hit_tokens:
+        if mover is not None and state is not None and loaded_end >= spec.hit_tokens:
             rec.state_loaded = spec.hit_tokens
-            self.stats.loaded_bytes += self.state.snapshot_bytes
+            self.stats.loaded_bytes += mover.snapshot_bytes
         if loaded_end < spec.hit_tokens:
             bad = blocks_for_range(
                 self.groups, req.block_ids, max(loaded_end, spec.skip_tokens), spec.hit_tokens
@@ -297,12 +309,6 @@ class WorkerHalf:
 
     # ---- stores ----------------------------------------------------------
 
-    # Set by wiring at TP > 1 (integration/vllm/parallel.py): the union
-    # over the TP ranks of the requests whose load failed in this step.
-    # One rank's missing KV reaches every rank's new KV through the layers'
-    # all-reduce, so every rank must drop those requests' stores.
-    vote_failed_loads: Any = None
-
     def _failed_this_step(self, step: StepTransfers) -> set[str]:
         failed, self._failed_loads = self._failed_loads, set()
         loading = [
@@ -320,10 +326,9 @@ class WorkerHalf:
         self.check_agreement(step)
         failed = self._failed_this_step(step)
         stored: list[str] = []
-        step_puts = getattr(self.engine, "step", None)
         # The step's remote puts are handed to LMCache once, when its stores
         # are done, off this thread (lmcache_bridge/step_puts.py).
-        with step_puts() if callable(step_puts) else contextlib.nullcontext(None) as handoff:
+        with self.engine.step() as handoff:
             for req in step.requests:
                 if req.req_id in failed and (req.store is not None or req.state_store is not None):
                     self.stats.stores_dropped_after_load_error += 1
@@ -341,7 +346,7 @@ class WorkerHalf:
                 if req.state_store is not None and self.state is not None and self._store_state(req):
                     stored.append(req.req_id)
         stored = list(dict.fromkeys(stored))  # a request may store KV and state
-        if handoff is not None and stored:
+        if stored:
             # One hand-off carried every store of the step: each request gets
             # an equal share of its time, so per-request and total store times
             # add up to what the step waited for.
@@ -353,9 +358,10 @@ class WorkerHalf:
         """The Mamba state this step left at ``state_store.position``, keyed
         by ``tokens[:position] + marks`` (after the request's KV chunks, so a
         lookup finds both or neither)."""
-        assert req.state_store is not None
+        assert req.state_store is not None and self.state is not None  # the caller checks both
+        mover = self.state
         pos = req.state_store.position
-        ids = list(req.token_ids[:pos]) + list(self.state.layout.marks())
+        ids = list(req.token_ids[:pos]) + list(mover.layout.marks())
         mask = torch.ones(len(ids), dtype=torch.bool)
         mask[:pos] = False
         # A req_id of its own keeps LMCache's per-request store lines (tools
@@ -363,7 +369,7 @@ class WorkerHalf:
         ctx = TransferContext(
             req_id=f"state:{req.req_id}",
             block_ids=req.block_ids,
-            state=_StatePieces(pos, self.state, store=req.state_store.blocks),
+            state=_StatePieces(pos, mover, store=req.state_store.blocks),
         )
         t0 = time.perf_counter()
         try:
@@ -378,7 +384,7 @@ class WorkerHalf:
             )
             return False
         dt = time.perf_counter() - t0
-        self.stats.stored_bytes += self.state.snapshot_bytes
+        self.stats.stored_bytes += mover.snapshot_bytes
         self.stats.store_seconds += dt
         rec = self._record(req.req_id)
         rec.state_stored.append(pos)
@@ -405,10 +411,6 @@ class WorkerHalf:
                 )
             complete.append(not incomplete)
         return complete_runs(req.store.start, req.store.end, self.chunk_size, complete)
-
-    # Set by wiring for a replicated cache in a shared backend
-    # (integration/vllm/parallel.py): this rank stores only its stripe.
-    stripe: Optional[StripePart] = None
 
     def _stripe_runs(self, runs: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The part of each run this rank stores (planning/store_runs.py)."""
@@ -488,7 +490,7 @@ class WorkerHalf:
         )
 
 
-def _state_summary(rec: RequestRecord, state: Any) -> str:
+def _state_summary(rec: RequestRecord, state: Optional[StateMover]) -> str:
     if state is None:
         return ""
     loaded = f"at {rec.state_loaded}" if rec.state_loaded else "none"
@@ -503,7 +505,13 @@ class _StatePieces:
     call (``chunk_io.StatePieces``): gathered from ``store`` blocks, or
     scattered into the hit and running blocks of ``load``."""
 
-    def __init__(self, position: int, transfer: Any, store=None, load: Optional[StateLoad] = None) -> None:
+    def __init__(
+        self,
+        position: int,
+        transfer: StateMover,
+        store: Optional[Iterable[tuple[int, int]]] = None,
+        load: Optional[StateLoad] = None,
+    ) -> None:
         self.position = position
         self._transfer = transfer
         self._store = dict(store or ())
