@@ -40,6 +40,28 @@ def _pattern(first_token: int, start: int) -> torch.Tensor:
     return torch.randint(0, 256, (CHUNK_BYTES,), dtype=torch.uint8, generator=gen)
 
 
+def _start_engine(server: RedisServer, current: dict, name: str, **disk) -> WorkerEngine:
+    """A real LMCache engine (CPU cache, Redis, and ``disk`` settings) whose
+    chunk connector fills each chunk with its reference pattern."""
+
+    def store(buf: torch.Tensor, req: ChunkRequest) -> None:
+        buf[:CHUNK_BYTES].copy_(_pattern(current["first"], req.start))
+
+    config = LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK,
+        local_cpu=True,
+        max_local_cpu_size=0.05,
+        remote_url=server.url,
+        remote_serde="naive",
+        pre_caching_hash_algorithm="sha256_cbor",
+        save_unfull_chunk=False,
+        **disk,
+    )
+    spec = EngineSpec(name, f"{name}-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
+    connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, store, lambda buf, req: None, checksums=True)
+    return WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+
+
 @pytest.fixture
 def redis_engine(tmp_path, monkeypatch):
     if ensure_redis_server() is None:
@@ -59,23 +81,8 @@ def redis_engine(tmp_path, monkeypatch):
     monkeypatch.setattr(RemoteBackend, "batched_submit_put_task", counted)
     # Whose tokens is being stored: the chunk connector is told only starts.
     current = {"first": 0}
-
-    def store(buf: torch.Tensor, req: ChunkRequest) -> None:
-        buf[:CHUNK_BYTES].copy_(_pattern(current["first"], req.start))
-
     with RedisServer(tmp_path / "redis") as server:
-        config = LMCacheEngineConfig.from_defaults(
-            chunk_size=CHUNK,
-            local_cpu=True,
-            max_local_cpu_size=0.05,
-            remote_url=server.url,
-            remote_serde="naive",
-            pre_caching_hash_algorithm="sha256_cbor",
-            save_unfull_chunk=False,
-        )
-        spec = EngineSpec("step-puts-test", f"step-puts-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
-        connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, store, lambda buf, req: None, checksums=True)
-        engine = WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+        engine = _start_engine(server, current, "step-puts")
         try:
             yield engine, server, calls, fail, current
         finally:
@@ -200,27 +207,11 @@ def disk_and_redis_engine(tmp_path, monkeypatch):
 
     monkeypatch.setattr(chunk_io, "_crc", recorded)
     current = {"first": 0}
-
-    def store(buf: torch.Tensor, req: ChunkRequest) -> None:
-        buf[:CHUNK_BYTES].copy_(_pattern(current["first"], req.start))
-
     with RedisServer(tmp_path / "redis") as server:
-        config = LMCacheEngineConfig.from_defaults(
-            chunk_size=CHUNK,
-            local_cpu=True,
-            max_local_cpu_size=0.05,
-            local_disk=f"file://{tmp_path / 'disk'}/",
-            max_local_disk_size=0.05,
-            remote_url=server.url,
-            remote_serde="naive",
-            pre_caching_hash_algorithm="sha256_cbor",
-            save_unfull_chunk=False,
-        )
-        spec = EngineSpec("step-seals-test", f"step-seals-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
-        connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, store, lambda buf, req: None, checksums=True)
-        engine = WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+        engine = _start_engine(server, current, "step-seals",
+                               local_disk=f"file://{tmp_path / 'disk'}/", max_local_disk_size=0.05)
         try:
-            yield engine, connector, server, sealed_on, current
+            yield engine, engine.connector, server, sealed_on, current
         finally:
             engine.close()
 
