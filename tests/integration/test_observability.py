@@ -53,6 +53,9 @@ def _metric(text: str, name: str) -> float:
     return total
 
 
+# vLLM's own shutdown on Ctrl-C differs by release (0.23 to 0.32): a server
+# with the connector must exit cleanly and close it on every one.
+@pytest.mark.compat
 def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
     model = tiny_model("gemma2")
     port = _free_port()
