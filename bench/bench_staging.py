@@ -2,7 +2,7 @@
 
 * staged (what the connector does): the lookup reads every chunk it reports
   from the store, verifies its checksum and holds it; the load copies the
-  held chunks (lmcache_bridge/staging.py);
+  held chunks (lmcache_bridge/integrity/staging.py);
 * LMCache's path (what it did before): the lookup asks the store whether
   the chunks exist; the load reads them (LMCache's retrieve) and verifies
   them while copying.
@@ -15,7 +15,7 @@ load, and the ratio of the totals.
 
 A third engine on the same Redis stages its hits with a pool secret: its
 entries carry a keyed BLAKE3 MAC instead of the keyed crc32, verified at
-lookup (lmcache_bridge/chunk_io.py). The staged hits of both engines run
+lookup (lmcache_bridge/engine/chunk_io.py). The staged hits of both engines run
 interleaved in one loop, and the verification alone is timed on the chunks
 in memory (fastest of 5 passes per repeat); printed: MAC / crc for both.
 
@@ -39,9 +39,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 
-from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext  # noqa: E402
-from lmcache_ascend.lmcache_bridge.engine import EngineSpec, WorkerEngine  # noqa: E402
-from lmcache_ascend.lmcache_bridge.pool_secret import derive_mac_key  # noqa: E402
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext  # noqa: E402
+from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine  # noqa: E402
+from lmcache_ascend.lmcache_bridge.integrity.pool_secret import derive_mac_key  # noqa: E402
 from redis_server import RedisServer, ensure_redis_server  # noqa: E402
 
 CHUNK = 256

@@ -2,7 +2,7 @@
 
 A chunk stored to a disk or remote backend is sealed with a checksum (crc32
 seeded with its key) or, with a pool secret, a keyed BLAKE3 MAC
-(lmcache_bridge/chunk_io.py). Both read the whole payload. Four engines on
+(lmcache_bridge/engine/chunk_io.py). Both read the whole payload. Four engines on
 one real redis-server (127.0.0.1, started and stopped here), each behind
 LMCache's local CPU cache, store the same kind of step, interleaved:
 
@@ -11,7 +11,7 @@ LMCache's local CPU cache, store the same kind of step, interleaved:
   on the storing thread;
 * sealed beside the step (what it does now, crc and MAC): copy on the
   storing thread; seal and puts on the hand-off thread
-  (lmcache_bridge/step_puts.py).
+  (lmcache_bridge/engine/step_puts.py).
 
 A step is ``--chunks`` chunks of ``--chunk-mib`` MiB, copied from a source
 tensor (a memcpy standing for the native gather out of vLLM's KV cache),
@@ -43,9 +43,9 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
 
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 
-from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext  # noqa: E402
-from lmcache_ascend.lmcache_bridge.engine import EngineSpec, WorkerEngine  # noqa: E402
-from lmcache_ascend.lmcache_bridge.pool_secret import derive_mac_key  # noqa: E402
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext  # noqa: E402
+from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine  # noqa: E402
+from lmcache_ascend.lmcache_bridge.integrity.pool_secret import derive_mac_key  # noqa: E402
 from redis_server import RedisServer, ensure_redis_server  # noqa: E402
 
 CHUNK = 256

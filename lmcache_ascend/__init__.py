@@ -6,7 +6,7 @@ no log handler. Importing a lower package (``planning``, ``transfer``,
 ``ops``; LMCache imports ``ops`` while it initializes on NPU hosts) runs no
 vLLM integration code either; tests/unit/test_layering.py checks both.
 
-The LMCache patches (``lmcache_bridge/patches.py``: each applied once, when
+The LMCache patches (``lmcache_bridge/patching/patches.py``: each applied once, when
 LMCache loads the module it patches, and only on the releases it was verified
 on) are turned on by ``lmcache_ascend.integration.vllm.adapter_route.install``,
 which the entry points call: the vLLM plugin (this package's

@@ -38,7 +38,7 @@ from lmcache_ascend.planning.state_skip import (
 )
 
 # Version of what a chunk buffer holds after the payload (the trailer
-# lmcache_bridge/chunk_io.py writes: 2 = MAC tag, crc, magic). Part of the
+# lmcache_bridge/engine/chunk_io.py writes: 2 = MAC tag, crc, magic). Part of the
 # layout fingerprint, so entries written in another format get other keys
 # and are never read as this one.
 CHUNK_FORMAT_VERSION = 2

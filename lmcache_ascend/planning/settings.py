@@ -2,7 +2,7 @@
 and defaults, and :class:`AscendConfig`, the typed record read from them.
 
 The keys are set through LMCache's own config (see
-``lmcache_bridge/config.py``, which registers them); this module is pure: it
+``lmcache_bridge/engine/config.py``, which registers them); this module is pure: it
 imports neither LMCache nor vLLM and never reads the environment.
 """
 

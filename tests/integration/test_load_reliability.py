@@ -6,7 +6,7 @@ tuple unpack, 0.30 recomputes the whole request, 0.32 raises "A KV connector
 reported block-level load failures (invalid_block_ids) which is not
 supported for models with multiple KV cache groups". The connector's
 lookups therefore read and verify every chunk they report and hold it until
-the load (lmcache_bridge/staging.py), so no load fails afterwards.
+the load (lmcache_bridge/integrity/staging.py), so no load fails afterwards.
 
 Engine A stores prompts through a real Redis (LMCache's remote backend,
 local CPU cache on). The test then damages entries in Redis the way a

@@ -13,7 +13,7 @@
 * Faults mid-run: the segment holder killed (B of the Llama pair, after
   its hits); the store full, then the master killed (one run, own store).
   Requests are served exactly (as misses), the engine exits by itself,
-  and the failures are counted and logged once (lmcache_bridge/mooncake.py).
+  and the failures are counted and logged once (lmcache_bridge/backends/mooncake.py).
 
 Mooncake is installed by ``make system-deps``; without it these tests fail
 (mooncake_server.mooncake_bin raises), they never skip.
@@ -51,7 +51,7 @@ def _check(store: MooncakeStore, **overrides) -> float:
     on a loaded 2-core machine; the bound is about Mooncake's retries)."""
     import lmcache.v1.storage_backend.connector.mooncakestore_connector  # noqa: F401
 
-    from lmcache_ascend.lmcache_bridge.config import validate_engine_config
+    from lmcache_ascend.lmcache_bridge.engine.config import validate_engine_config
 
     t = time.monotonic()
     validate_engine_config(_config(f"mooncakestore://{store.master_addr}/", store.extra_config(**overrides)), {})
@@ -84,8 +84,8 @@ def test_segment_size_zero_without_holder_is_found_empty(work):
     ascend_require_remote (tests/integration/test_remote_outage.py)."""
     import lmcache.v1.storage_backend.connector.mooncakestore_connector  # noqa: F401  (see _check)
 
-    from lmcache_ascend.lmcache_bridge import mooncake
-    from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
+    from lmcache_ascend.lmcache_bridge.backends import mooncake
+    from lmcache_ascend.lmcache_bridge.backends.remote_pool import PoolUnavailableError
 
     with MooncakeStore(work / "no_holder", holder=False) as s:
         t = time.monotonic()
@@ -101,8 +101,8 @@ def test_metadata_server_mismatch_is_named(work):
     an engine configured for P2PHANDSHAKE cannot reach its segment. Mooncake
     answers as for an empty pool (no holder), so it is reported as one
     (the engine starts without the pool), naming both causes."""
-    from lmcache_ascend.lmcache_bridge import mooncake
-    from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
+    from lmcache_ascend.lmcache_bridge.backends import mooncake
+    from lmcache_ascend.lmcache_bridge.backends.remote_pool import PoolUnavailableError
 
     with MooncakeStore(work / "http_meta", segment="16MB", http_metadata=True) as s:
         assert _check(s) < 10  # the matching metadata server works

@@ -14,7 +14,7 @@ empty local cache) serves the same prompts:
                                      -> LMCache returns nothing for it
 * S5 chunk 0: both keys deleted      -> plain miss at lookup
 
-The lookup reads and verifies what it reports (lmcache_bridge/staging.py),
+The lookup reads and verifies what it reports (lmcache_bridge/integrity/staging.py),
 so each hit ends before the bad chunk and no load fails; the recomputed
 chunks are stored again, and the second pass hits them whole.
 
@@ -195,7 +195,7 @@ def _unanswered(log: str, number: int) -> bool:
     """Request ``number`` came after a lookup LMCache never answered (served
     as a miss; the lookup server stays blocked from then on). LMCache 0.5.6's
     remote executor loses a worker whenever a failed batched get cancels the
-    gets behind it; lmcache-ascend patches that (lmcache_ascend/lmcache_bridge/patches.py),
+    gets behind it; lmcache-ascend patches that (lmcache_ascend/lmcache_bridge/patching/patches.py),
     so this should not happen. Should it, the exact-count checks below accept
     the documented degradation, never a wrong output."""
     first = [int(n) for n in re.findall(r"request (\d+)-\S+: LMCache lookup got no answer", log)]

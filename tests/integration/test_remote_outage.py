@@ -18,7 +18,7 @@ import threading
 
 import pytest
 
-from lmcache_ascend.lmcache_bridge.remote_pool import RECONNECT_S
+from lmcache_ascend.lmcache_bridge.backends.remote_pool import RECONNECT_S
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario
 

@@ -1,4 +1,4 @@
-"""One remote hand-off per step (lmcache_bridge/step_puts.py), on a real
+"""One remote hand-off per step (lmcache_bridge/engine/step_puts.py), on a real
 LMCache engine with its local CPU cache and a real ``redis-server`` as the
 remote backend; no vLLM.
 
@@ -23,8 +23,8 @@ import torch
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
-from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext
-from lmcache_ascend.lmcache_bridge.engine import EngineSpec, WorkerEngine
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext
+from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine
 from lmcache_ascend.planning.groups import ChunkRequest
 
 from redis_server import RedisServer, ensure_redis_server
@@ -156,7 +156,7 @@ def test_outside_a_step_each_store_hands_off_at_once(redis_engine):
 def test_a_failed_handoff_costs_the_remote_copies_only(redis_engine, caplog):
     engine, server, calls, fail, current = redis_engine
     fail["on"] = True
-    with caplog.at_level(logging.ERROR, logger="lmcache_ascend.lmcache_bridge.step_puts"):
+    with caplog.at_level(logging.ERROR, logger="lmcache_ascend.lmcache_bridge.engine.step_puts"):
         for req in ("a", "b"):
             with engine.step():
                 _store(engine, current, SHARED if req == "a" else OTHER, req)
@@ -196,7 +196,7 @@ def test_close_hands_off_what_is_still_held(redis_engine):
 def disk_and_redis_engine(tmp_path, monkeypatch):
     if ensure_redis_server() is None:
         pytest.skip("redis-server is not installed and cannot be installed here")
-    from lmcache_ascend.lmcache_bridge import chunk_io
+    from lmcache_ascend.lmcache_bridge.engine import chunk_io
 
     sealed_on: list[str] = []
     crc = chunk_io._crc
@@ -276,7 +276,7 @@ def test_outside_a_step_a_chunk_is_sealed_before_its_puts(disk_and_redis_engine)
 
 def test_a_chunk_that_cannot_be_sealed_never_leaves_the_process(disk_and_redis_engine, monkeypatch, caplog):
     engine, connector, server, sealed_on, current = disk_and_redis_engine
-    from lmcache_ascend.lmcache_bridge import chunk_io
+    from lmcache_ascend.lmcache_bridge.engine import chunk_io
 
     crc = chunk_io._crc
     calls = {"n": 0}
@@ -288,7 +288,7 @@ def test_a_chunk_that_cannot_be_sealed_never_leaves_the_process(disk_and_redis_e
         return crc(payload, ident)
 
     monkeypatch.setattr(chunk_io, "_crc", second_fails)
-    with caplog.at_level(logging.ERROR, logger="lmcache_ascend.lmcache_bridge.step_puts"):
+    with caplog.at_level(logging.ERROR, logger="lmcache_ascend.lmcache_bridge.engine.step_puts"):
         with engine.step():
             ids = _store(engine, current, SHARED, "a")
         assert engine.drain_puts(10)

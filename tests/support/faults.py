@@ -180,7 +180,7 @@ def chunk_hashes(tokens: list[int], chunk: int = 0) -> list[str]:
     from lmcache.utils import CacheEngineKey
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from lmcache_ascend.lmcache_bridge import lmcache_modules
+    from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 
     cfg = LMCacheEngineConfig.from_defaults(
         chunk_size=chunk or CHUNK, pre_caching_hash_algorithm="sha256_cbor", save_unfull_chunk=False

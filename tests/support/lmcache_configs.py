@@ -9,7 +9,7 @@ from typing import Any
 def lmcache_config(chunk_size: int = 128, **values: Any) -> Any:
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from lmcache_ascend.lmcache_bridge.config import register_config_keys
+    from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
 
     register_config_keys()
     cfg = LMCacheEngineConfig.from_defaults(chunk_size=chunk_size)

@@ -33,7 +33,7 @@ FACTS: Mapping[str, str] = {
     "vllm": "the vLLM series (tests of vLLM's own behaviour: every stack)",
     "python": "Python major.minor (the same on every stack: a test naming only this runs on the primary)",
     "torch": "torch major.minor: the native ops are built against it",
-    "lmcache": "LMCache version: lmcache_bridge's patches and module map (lmcache_modules.py)",
+    "lmcache": "LMCache version: lmcache_bridge's patches and module map (lmcache_bridge/patching/lmcache_modules.py)",
     "connector_hooks": "hooks of LMCacheAscendConnectorV1Dynamic that vLLM's KVConnectorBase_V1 declares "
                        "(a hook it does not declare is never called)",
     "kv_layout_source": "where vllm_kv_layout._kv_cache_layout reads the layout: the KV cache config or "

@@ -28,8 +28,8 @@ from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 from lmcache.v1.metadata import LMCacheMetadata  # noqa: E402
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec  # noqa: E402
 
-from lmcache_ascend.lmcache_bridge import adapter_shim as shim  # noqa: E402
-from lmcache_ascend.lmcache_bridge import lmcache_modules, route_registry  # noqa: E402
+from lmcache_ascend.lmcache_bridge.patching import adapter_shim as shim  # noqa: E402
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules, route_registry  # noqa: E402
 
 # Where the installed LMCache keeps them (0.5.7rc2 moved them under lmcache.inprocess).
 adapter_module = lmcache_modules.load(lmcache_modules.VLLM_ADAPTER)
@@ -258,11 +258,11 @@ def test_import_is_light_and_install_registers_keys_when_lmcache_config_loads():
 
 
 _INSTALLED = (
-    "from lmcache_ascend.lmcache_bridge import hook, patches, route_registry\n"
+    "from lmcache_ascend.lmcache_bridge.patching import hook, patches, route_registry\n"
     "from lmcache_ascend.integration.vllm import adapter_route\n"
     "assert hook._installed and route_registry.registered() is adapter_route.STEPS\n"
     "import importlib\n"
-    "from lmcache_ascend.lmcache_bridge import lmcache_modules\n"
+    "from lmcache_ascend.lmcache_bridge.patching import lmcache_modules\n"
     "importlib.import_module(lmcache_modules.resolve(lmcache_modules.VLLM_ADAPTER))\n"
     "print('APPLIED', sorted(patches.applied()))\n"
 )
@@ -280,7 +280,7 @@ def test_vllm_plugin_loading_installs_the_patches_for_routes_that_only_import_th
         pytest.skip("lmcache_ascend is not installed with its entry points here")
     code = (
         "import sys, lmcache_ascend\n"
-        "assert 'lmcache_ascend.lmcache_bridge.hook' not in sys.modules\n"
+        "assert 'lmcache_ascend.lmcache_bridge.patching.hook' not in sys.modules\n"
         "from vllm.plugins import load_general_plugins\n"
         "load_general_plugins()  # what vLLM does in each process before building a connector\n"
         "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory\n"

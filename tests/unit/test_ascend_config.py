@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from lmcache_ascend.lmcache_bridge.config import register_config_keys
+from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
 from lmcache_ascend.planning.settings import (
     KEY_NAMES,
     AscendConfig,

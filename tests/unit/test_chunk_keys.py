@@ -23,13 +23,13 @@ pytest.importorskip("vllm", reason="LMCache seeds chunk hashes from vLLM")
 _PROBE = r"""
 import json, sys, torch
 from lmcache.v1.config import LMCacheEngineConfig
-from lmcache_ascend.lmcache_bridge import lmcache_modules
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 token_database = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE)
 cfg = LMCacheEngineConfig.from_defaults(chunk_size=16, pre_caching_hash_algorithm="sha256_cbor")
 db = token_database.ChunkedTokenDatabase(cfg, None)
 if sys.argv[1] == "pinned":  # what both halves do with their engine / lookup client
     from types import SimpleNamespace
-    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import prepare_token_database
     assert prepare_token_database(SimpleNamespace(token_database=db), 16, "test") is not None
 tokens = torch.arange(1000, 1064)
 keys = [int(r[2]) for r in db.process_tokens(tokens, make_key=False)]

@@ -108,7 +108,7 @@ def test_unverified_lmcache_release_is_left_unpatched_unless_opted_in():
     LMCache's patched modules changes nothing and one warning says so,
     unless the user opted into untested releases."""
     code = (
-        "import lmcache_ascend.lmcache_bridge.lmcache_modules as m  # reads the release once\n"
+        "import lmcache_ascend.lmcache_bridge.patching.lmcache_modules as m  # reads the release once\n"
         "m.installed_lmcache_version = lambda: '0.0.1'  # as if another LMCache were installed\n"
         "from lmcache_ascend.integration.vllm import adapter_route\n"
         "adapter_route.install()  # as the entry points do\n"

@@ -17,9 +17,9 @@ from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.stats import COUNTER_NAMES, AscendConnectorStats
 from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, RequestTransfer, StepTransfers, StoreSpec
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
-from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext
-from lmcache_ascend.lmcache_bridge.staging import StagingCounts
-from lmcache_ascend.lmcache_bridge.step_puts import Handoff
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext
+from lmcache_ascend.lmcache_bridge.engine.step_puts import Handoff
+from lmcache_ascend.lmcache_bridge.integrity.staging import StagingCounts
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
 from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup
 from lmcache_ascend.planning.settings import AscendConfig
@@ -216,7 +216,7 @@ def test_a_step_that_loaded_a_request_badly_stores_nothing_of_it():
 
 def test_a_steps_handoff_time_is_shared_by_the_requests_that_stored():
     """The step's remote puts are handed off once, after its stores
-    (lmcache_bridge/step_puts.py): that time is part of what the step waited
+    (lmcache_bridge/engine/step_puts.py): that time is part of what the step waited
     for, split evenly over the requests that stored, never lost or doubled."""
     conn = _connector([])
     engine = _Engine(conn, [])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from lmcache_ascend.lmcache_bridge import hash_memo
+from lmcache_ascend.lmcache_bridge.engine import hash_memo
 
 CHUNK = 16
 
@@ -18,7 +18,7 @@ CHUNK = 16
 def _db(save_unfull: bool = False):
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from lmcache_ascend.lmcache_bridge import lmcache_modules
+    from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 
     cfg = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, pre_caching_hash_algorithm="sha256_cbor",

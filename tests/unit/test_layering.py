@@ -3,7 +3,10 @@
 The package's floors, lowest first: ``planning`` (pure), ``transfer``,
 ``lmcache_bridge`` (every LMCache seam), ``integration`` (reads vLLM's
 types; the entry points), ``cli``. A module may import its own floor and
-those below it, never one above: every lower->upper pair is checked.
+those below it, never one above: every lower->upper pair is checked. The
+bridge's rooms (``engine``, ``integrity``, ``backends``, ``patching``) are
+one floor: a module in any of them is held to the bridge's rule, and every
+bridge module sits in a room its ``__init__`` names it in.
 
 Top-level modules sit below every floor: ``compat.py`` (supported versions,
 imported by ``lmcache_bridge`` and ``integration``), ``ops.py`` /
@@ -129,6 +132,10 @@ def test_the_check_finds_each_kind_of_import():
            if unit_of(name) == "integration"]
     assert sorted(line for line, _ in got) == [1, 3, 3, 4, 4, 5, 6]
     assert (4, "lmcache_ascend.integration.vllm") in got
+    # A room of the bridge is on the bridge's floor, relative imports included.
+    assert unit_of("lmcache_ascend.lmcache_bridge.engine.lmcache_engine") == "lmcache_bridge"
+    assert [unit_of(name) for _, name in imported_names(
+        "from ...integration import wiring\n", "lmcache_ascend.lmcache_bridge.engine.x")] == ["integration"] * 2
     assert unit_of("lmcache_ascend.compat") == "compat" and unit_of("lmcache_ascend") == PACKAGE_INIT
     assert unit_of("lmcache") is None and unit_of("vllm.config") is None
 
@@ -144,13 +151,33 @@ def test_sources_are_found_and_each_has_a_floor():
         "lmcache_ascend.ops",
         "lmcache_ascend.planning.planner",
         "lmcache_ascend.transfer.chunk_transfer",
-        "lmcache_ascend.lmcache_bridge.adapter_shim",
+        "lmcache_ascend.lmcache_bridge.patching.adapter_shim",
+        "lmcache_ascend.lmcache_bridge.engine.lmcache_engine",
         "lmcache_ascend.integration.vllm.adapter_route",
         "lmcache_ascend.cli.main",
     ):
         assert expected in names
     # A new subpackage or top-level module needs a place in the rules first.
     assert not {unit_of(n) for n in names} - set(FORBIDDEN), sorted({unit_of(n) for n in names} - set(FORBIDDEN))
+
+
+BRIDGE = PACKAGE / "lmcache_bridge"
+BRIDGE_ROOMS = ("engine", "integrity", "backends", "patching")
+
+
+def test_every_bridge_module_is_in_a_room_its_init_names():
+    # The bridge is sorted by concern (issue 35): no module on its bare
+    # floor, no room but these, and each room's docstring lists its modules
+    # (``name``), so the folder and what it says of itself agree.
+    loose = sorted(p.name for p in BRIDGE.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"bridge modules outside a room: {loose}"
+    rooms = sorted(p.name for p in BRIDGE.iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == sorted(BRIDGE_ROOMS)
+    for room in BRIDGE_ROOMS:
+        doc = ast.get_docstring(ast.parse((BRIDGE / room / "__init__.py").read_text())) or ""
+        unnamed = sorted(p.stem for p in (BRIDGE / room).glob("*.py")
+                         if p.name != "__init__.py" and f"``{p.stem}``" not in doc)
+        assert not unnamed, f"lmcache_bridge/{room}/__init__.py does not name {unnamed}"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(PACKAGE)))
@@ -171,8 +198,8 @@ except ImportError as e:  # only the compiled ops may be missing (not built here
         raise
     print(json.dumps({"skip": str(e)}))
     raise SystemExit(0)
-hook = sys.modules.get("lmcache_ascend.lmcache_bridge.hook")
-registry = sys.modules.get("lmcache_ascend.lmcache_bridge.route_registry")
+hook = sys.modules.get("lmcache_ascend.lmcache_bridge.patching.hook")
+registry = sys.modules.get("lmcache_ascend.lmcache_bridge.patching.route_registry")
 print(json.dumps({
     "upper": sorted(m for m in sys.modules
                     if m.split(".")[:2] in (["lmcache_ascend", "integration"], ["lmcache_ascend", "cli"])),
@@ -193,8 +220,13 @@ FRESH_IMPORTS = (
     "lmcache_ascend.compat",
     "lmcache_ascend.ops",
     "lmcache_ascend.lmcache_bridge",
+    # Its rooms (each __init__ only says what is in it).
+    "lmcache_ascend.lmcache_bridge.engine",
+    "lmcache_ascend.lmcache_bridge.integrity",
+    "lmcache_ascend.lmcache_bridge.backends",
+    "lmcache_ascend.lmcache_bridge.patching",
     # Importing the hook module itself installs nothing either.
-    "lmcache_ascend.lmcache_bridge.hook",
+    "lmcache_ascend.lmcache_bridge.patching.hook",
 )
 
 

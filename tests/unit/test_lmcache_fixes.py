@@ -5,7 +5,7 @@ failed one. Unpatched, each such cancel can kill one of the executor's four
 workers (``set_result`` on a cancelled future), after which every remote call
 (``exists`` for lookups included) waits forever. The patches the vLLM plugin
 and the connector module install (``adapter_route.install``) shield the
-futures (lmcache_ascend/lmcache_bridge/patches.py).
+futures (lmcache_ascend/lmcache_bridge/patching/patches.py).
 """
 
 from __future__ import annotations

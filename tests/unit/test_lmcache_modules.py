@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lmcache_ascend.compat import installed_lmcache_version
-from lmcache_ascend.lmcache_bridge import lmcache_modules, patches
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules, patches
 
 # Read in the wheels: lmcache-0.5.6 and lmcache-0.5.7rc2 (cp311, manylinux).
 PATHS = {
@@ -118,7 +118,7 @@ def test_every_patch_applies_once_its_module_is_imported():
         "import importlib, json\n"
         "from lmcache_ascend.integration.vllm import adapter_route\n"
         "adapter_route.install()  # as the entry points do\n"
-        "from lmcache_ascend.lmcache_bridge import patches\n"
+        "from lmcache_ascend.lmcache_bridge.patching import patches\n"
         f"targets = {targets!r}\n"
         "before = sorted(patches.applied())\n"
         "mods = [importlib.import_module(t) for t in targets]\n"
@@ -153,7 +153,7 @@ def test_vllm_import_of_the_adapter_gets_the_patched_class():
         "import json, sys\n"
         "from lmcache_ascend.integration.vllm import adapter_route\n"
         "adapter_route.install()  # the vLLM plugin did, before vLLM builds LMCacheConnectorV1\n"
-        "from lmcache_ascend.lmcache_bridge import hook\n"
+        "from lmcache_ascend.lmcache_bridge.patching import hook\n"
         "from lmcache.integration.vllm.vllm_v1_adapter import LMCacheConnectorV1Impl as Impl\n"
         "mod = sys.modules['lmcache.integration.vllm.vllm_v1_adapter']\n"
         "print(json.dumps({'module': Impl.__module__, 'same': sys.modules[Impl.__module__] is mod,\n"
@@ -181,7 +181,7 @@ def test_import_lmcache_ascend_and_installing_the_hook_read_no_version():
         "import json, lmcache_ascend\n"
         "from lmcache_ascend.integration.vllm import adapter_route\n"
         "adapter_route.install()\n"
-        "from lmcache_ascend.lmcache_bridge import lmcache_modules\n"
+        "from lmcache_ascend.lmcache_bridge.patching import lmcache_modules\n"
         "before = lmcache_modules.release.cache_info().currsize\n"
         "import lmcache.v1.config\n"
         "print(json.dumps([before, lmcache_modules.release.cache_info().currsize]))\n"

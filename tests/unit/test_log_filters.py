@@ -1,5 +1,5 @@
 """LMCache's log lines that do not apply under this connector are dropped
-and replaced once by ours (lmcache_bridge/log_filters.py). Each case runs
+and replaced once by ours (lmcache_bridge/patching/log_filters.py). Each case runs
 LMCache's own code that emits the line, in a fresh interpreter (logging
 filters are process-wide), with and without the filters: without them the
 line must appear (so the check can fail), with them it must not, and our
@@ -18,9 +18,9 @@ SCRIPT = textwrap.dedent('''
     import asyncio, logging, sys
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="OURS %(name)s %(message)s")
     if sys.argv[1] == "filtered":
-        from lmcache_ascend.lmcache_bridge import log_filters
+        from lmcache_ascend.lmcache_bridge.patching import log_filters
         log_filters.install()
-    from lmcache_ascend.lmcache_bridge import lmcache_modules
+    from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
     from lmcache.v1.config import LMCacheEngineConfig
     td = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE)
     # The hash this connector's config enforces (config.enforce_engine_requirements).

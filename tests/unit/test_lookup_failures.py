@@ -22,8 +22,8 @@ pytest.importorskip("vllm", reason="the scheduler half reads vLLM's request type
 from lmcache.v1.config import LMCacheEngineConfig
 from lmcache.v1.metadata import LMCacheMetadata
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules
-from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
+from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import SchedulerLookup
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_keys import RequestView
 from lmcache_ascend.planning.groups import GroupKind, SchedulerGroup

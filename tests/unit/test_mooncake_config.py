@@ -14,7 +14,7 @@ import socket
 
 import pytest
 
-from lmcache_ascend.lmcache_bridge import mooncake as mc
+from lmcache_ascend.lmcache_bridge.backends import mooncake as mc
 
 GOOD = {
     "mooncake_master_server_addr": "127.0.0.1:50051",
@@ -85,7 +85,7 @@ def test_unreachable_master_is_an_outage_found_within_seconds():
     (remote_pool.check_at_startup decides)."""
     import time
 
-    from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
+    from lmcache_ascend.lmcache_bridge.backends.remote_pool import PoolUnavailableError
 
     setup = mc.setup_dict(dict(GOOD, mooncake_master_server_addr=f"127.0.0.1:{_closed_port()}"))
     t = time.monotonic()
@@ -107,7 +107,7 @@ def test_unreachable_or_invalid_metadata_server_is_refused():
         addr = f"127.0.0.1:{master.getsockname()[1]}"
         url = f"http://127.0.0.1:{_closed_port()}/metadata"
         setup = mc.setup_dict(dict(GOOD, mooncake_master_server_addr=addr, mooncake_metadata_server=url))
-        from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
+        from lmcache_ascend.lmcache_bridge.backends.remote_pool import PoolUnavailableError
 
         with pytest.raises(PoolUnavailableError, match="'mooncake_metadata_server'.*nothing accepts"):
             mc.check_reachable(setup, "extra_config")

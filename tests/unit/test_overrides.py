@@ -1,5 +1,5 @@
 """The registry of changes to LMCache's and vLLM's objects
-(lmcache_bridge/overrides.py): complete, gated, covered, and the only way
+(lmcache_bridge/patching/overrides.py): complete, gated, covered, and the only way
 the package changes an upstream object.
 
 The scan rule (test_no_attribute_of_an_upstream_object_is_set_outside_apply).
@@ -43,15 +43,15 @@ from types import SimpleNamespace
 import pytest
 
 from lmcache_ascend import compat
-from lmcache_ascend.lmcache_bridge import overrides
-from lmcache_ascend.lmcache_bridge.overrides import ENTRIES, Kind, Upstream
+from lmcache_ascend.lmcache_bridge.patching import overrides
+from lmcache_ascend.lmcache_bridge.patching.overrides import ENTRIES, Kind, Upstream
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "lmcache_ascend"
 FOREIGN_MODULES = ("lmcache", "vllm", "vllm_ascend")
 FOREIGN_LOADERS = {("lmcache_modules", "load"), ("lmcache_modules", "engine_config"), ("importlib", "import_module")}
 PASS_THROUGH = {"getattr", "type", "list", "tuple", "iter", "next", "reversed", "sorted", "vars"}
-EXEMPT = {("lmcache_bridge/overrides.py", "apply"), ("lmcache_bridge/overrides.py", "undo")}
+EXEMPT = {("lmcache_bridge/patching/overrides.py", "apply"), ("lmcache_bridge/patching/overrides.py", "undo")}
 
 
 # ---- the registry's records -------------------------------------------------------
@@ -85,7 +85,7 @@ def test_entries_are_unique_typed_and_verified_on_supported_releases():
 
 
 def test_module_patches_are_the_patch_records():
-    from lmcache_ascend.lmcache_bridge.patches import PATCHES
+    from lmcache_ascend.lmcache_bridge.patching.patches import PATCHES
 
     by_name = {e.name: e for e in ENTRIES}
     for patch in PATCHES:
@@ -378,7 +378,7 @@ def test_connector_without_a_shutdown_gets_one(monkeypatch):
 
 
 def test_refused_requests_are_not_saved():
-    from lmcache_ascend.lmcache_bridge.adapter_shim import _drop_refused_saves
+    from lmcache_ascend.lmcache_bridge.patching.adapter_shim import _drop_refused_saves
 
     adapter = SimpleNamespace()
     adapter.__dict__["_lmcache_ascend_refused"] = {"r1"}
@@ -391,7 +391,7 @@ def test_refused_requests_are_not_saved():
 
 
 def test_engine_requirements_set_lmcache_config_fields(monkeypatch):
-    from lmcache_ascend.lmcache_bridge import config as bridge_config
+    from lmcache_ascend.lmcache_bridge.engine import config as bridge_config
 
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     algo = next(iter(bridge_config._NON_CRYPTO_HASHES))
@@ -409,7 +409,7 @@ def test_mooncake_connector_gets_a_checked_store():
     pytest.importorskip("lmcache.v1.storage_backend.connector.mooncakestore_connector")
     from lmcache.v1.storage_backend.connector import mooncakestore_connector as mod
 
-    from lmcache_ascend.lmcache_bridge import mooncake
+    from lmcache_ascend.lmcache_bridge.backends import mooncake
 
     mooncake.install_failure_accounting()
     assert mod._lmcache_ascend_checked is True
@@ -432,7 +432,7 @@ def test_detached_remote_backend_has_no_connection():
 
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
-    from lmcache_ascend.lmcache_bridge.resources import detach_remote_backends
+    from lmcache_ascend.lmcache_bridge.engine.resources import detach_remote_backends
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
@@ -452,7 +452,7 @@ def test_detached_remote_backend_has_no_connection():
 def test_reconnector_clears_lmcaches_wait(monkeypatch):
     from lmcache.v1.storage_backend.remote_backend import RemoteBackend
 
-    from lmcache_ascend.lmcache_bridge import remote_pool
+    from lmcache_ascend.lmcache_bridge.backends import remote_pool
 
     backend = RemoteBackend.__new__(RemoteBackend)
     backend.connection = None

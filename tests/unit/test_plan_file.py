@@ -98,7 +98,7 @@ def test_a_bad_path_is_refused_naming_the_value(value):
 def test_a_bad_path_from_the_environment_stops_the_config(monkeypatch):
     from lmcache.v1 import config as lmc_config
 
-    from lmcache_ascend.lmcache_bridge.config import register_config_keys
+    from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
 
     register_config_keys()
     monkeypatch.delenv("LMCACHE_CONFIG_FILE", raising=False)
@@ -110,7 +110,7 @@ def test_a_bad_path_from_the_environment_stops_the_config(monkeypatch):
 def test_an_absolute_path_or_nothing_is_accepted(tmp_path, monkeypatch):
     from lmcache.v1 import config as lmc_config
 
-    from lmcache_ascend.lmcache_bridge.config import register_config_keys
+    from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
 
     assert AscendConfig().plan_file == ""
     assert AscendConfig(plan_file="  ").plan_file == ""

@@ -26,15 +26,15 @@ import torch
 from lmcache.v1.config import LMCacheEngineConfig
 
 from fixtures.lmcache_objs import memory_obj
-from lmcache_ascend.lmcache_bridge import pool_secret
-from lmcache_ascend.lmcache_bridge.chunk_io import (
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import (
     TRAILER_BYTES,
     ChunkCorrupted,
     PagedChunkConnector,
     TransferContext,
 )
-from lmcache_ascend.lmcache_bridge.config import register_config_keys
-from lmcache_ascend.lmcache_bridge.engine import EngineSpec, WorkerEngine
+from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
+from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine
+from lmcache_ascend.lmcache_bridge.integrity import pool_secret
 from lmcache_ascend.planning.groups import ChunkRequest
 
 SECRET = b"correct horse battery staple 42"
@@ -345,7 +345,7 @@ def test_a_world_readable_secret_file_is_warned_about(cfg_cls, tmp_path, caplog)
 
 
 def test_the_adapter_route_refuses_a_secret_it_cannot_honour(cfg_cls, monkeypatch):
-    from lmcache_ascend.lmcache_bridge.adapter_shim import AdapterChunkConnector
+    from lmcache_ascend.lmcache_bridge.patching.adapter_shim import AdapterChunkConnector
 
     monkeypatch.setenv(pool_secret.SECRET_ENV, SECRET.decode())
     with pytest.raises(pool_secret.PoolSecretError) as err:

@@ -22,7 +22,7 @@ import pytest
 
 from lmcache_configs import lmcache_config
 
-from lmcache_ascend.lmcache_bridge import credentials, remote_pool
+from lmcache_ascend.lmcache_bridge.backends import credentials, remote_pool
 from redis_server import RedisServer, ensure_redis_server
 
 PASSWORD = "pw-Zq81-not-in-any-log"
@@ -123,7 +123,7 @@ def test_no_log_line_shows_the_password(server, log_text):
     extra_config; a vLLM logger and ours may print either."""
     from lmcache.v1.config import LMCacheEngineConfig
 
-    from lmcache_ascend.lmcache_bridge.config import apply_extra_config, validate_engine_config
+    from lmcache_ascend.lmcache_bridge.engine.config import apply_extra_config, validate_engine_config
 
     cfg = _config(remote_url=server.url, remote_serde="naive",
                   extra_config={"password": PASSWORD, "username": "default"})

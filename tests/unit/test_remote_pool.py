@@ -13,7 +13,7 @@ import pytest
 
 from lmcache_configs import lmcache_config
 
-from lmcache_ascend.lmcache_bridge import remote_pool
+from lmcache_ascend.lmcache_bridge.backends import remote_pool
 
 
 def _closed_port() -> int:
@@ -50,7 +50,7 @@ def test_require_remote_stops_startup_naming_the_key():
 
 
 def test_the_key_is_read_from_lmcaches_config(monkeypatch):
-    from lmcache_ascend.lmcache_bridge.config import validate_engine_config
+    from lmcache_ascend.lmcache_bridge.engine.config import validate_engine_config
 
     url = f"redis://127.0.0.1:{_closed_port()}"
     cfg = _config(remote_url=url, remote_serde="naive", ascend_require_remote=True)
@@ -82,7 +82,7 @@ def test_a_port_that_accepts_but_does_not_speak_redis_is_an_outage(caplog):
 
 
 def test_mooncake_misconfiguration_still_stops_startup():
-    from lmcache_ascend.lmcache_bridge.mooncake import MooncakeConfigError
+    from lmcache_ascend.lmcache_bridge.backends.mooncake import MooncakeConfigError
 
     cfg = _config(remote_url="mooncakestore://127.0.0.1:1/",
                   extra_config={"master_server_address": "127.0.0.1:1", "mooncake_metadata_server": "P2PHANDSHAKE",

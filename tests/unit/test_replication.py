@@ -47,7 +47,7 @@ def test_mixed_layout_keeps_per_rank_chunks_and_says_so():
 
 
 def test_replicated_keys_do_not_depend_on_tp_or_rank():
-    from lmcache_ascend.lmcache_bridge.engine import EngineSpec
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec
 
     def key_fields(rank: int, world: int, replicated: bool):
         spec = EngineSpec("m", "e", rank, world, 128, {}, replicated=replicated)

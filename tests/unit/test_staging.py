@@ -1,4 +1,4 @@
-"""The lookup verifies and holds what it reports (lmcache_bridge/staging.py),
+"""The lookup verifies and holds what it reports (lmcache_bridge/integrity/staging.py),
 on a real LMCache engine whose only store is LMCache's local disk backend.
 
 Each chunk's bytes are a pattern derived from its token start (the reference
@@ -19,8 +19,8 @@ import torch
 
 from lmcache.v1.config import LMCacheEngineConfig
 
-from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector, TransferContext
-from lmcache_ascend.lmcache_bridge.engine import EngineSpec, WorkerEngine
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext
+from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine
 from lmcache_ascend.planning.groups import ChunkRequest
 
 CHUNK = 16

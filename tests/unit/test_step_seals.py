@@ -1,4 +1,4 @@
-"""When a step's seals may run beside it (lmcache_bridge/step_puts.py): only
+"""When a step's seals may run beside it (lmcache_bridge/engine/step_puts.py): only
 if every backend a chunk can leave the process through has its puts held,
 on the local CPU backend's buffers. The backends here are stand-ins named as
 LMCache's (the check reads class names); the real engine is in
@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from lmcache_ascend.lmcache_bridge.step_puts import DeferredSeals, StepPuts
+from lmcache_ascend.lmcache_bridge.engine.step_puts import DeferredSeals, StepPuts
 
 
 class LocalCPUBackend:
@@ -82,7 +82,7 @@ def test_otherwise_the_seals_stay_in_the_step_and_it_is_logged(why, caplog):
         backends["LocalDiskBackend"] = LocalDiskBackend(LocalCPUBackend())
     else:
         del backends["LocalCPUBackend"]
-    with caplog.at_level(logging.WARNING, logger="lmcache_ascend.lmcache_bridge.step_puts"):
+    with caplog.at_level(logging.WARNING, logger="lmcache_ascend.lmcache_bridge.engine.step_puts"):
         puts = StepPuts.install(_engine(**backends), _seals([]))
     try:
         assert puts is not None and not puts.seals_deferred

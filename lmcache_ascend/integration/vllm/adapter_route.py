@@ -1,16 +1,16 @@
 """vLLM's own ``LMCacheConnectorV1`` on the CPU and on NPUs: the vLLM side.
 
-``lmcache_bridge/adapter_shim.py`` patches LMCache's vLLM adapter (its
+``lmcache_bridge/patching/adapter_shim.py`` patches LMCache's vLLM adapter (its
 GPU-connector factory and three methods of ``LMCacheConnectorV1Impl``). The
 steps of that route that read vLLM's types or build the transfer plan are
 here: the startup checks with vLLM's load-failure policy, a shutdown where
 vLLM gives the connector none, and the plan for vLLM's KV tensors. The bridge
-calls them through ``lmcache_bridge.route_registry``: dependencies point
+calls them through ``lmcache_bridge.patching.route_registry``: dependencies point
 down, the bridge never imports this layer.
 
 :func:`install` is the one place that turns the LMCache patches on: it
 registers these steps, then installs the bridge's import hook
-(``lmcache_bridge.hook``), in that order, so the patched adapter never runs
+(``lmcache_bridge.patching.hook``), in that order, so the patched adapter never runs
 without its steps. ``import lmcache_ascend`` does not call it: importing the
 package or a lower one (``planning``, ``transfer``; ``ops``, which LMCache
 itself imports while it initializes on NPU hosts) must change nothing in the
@@ -44,7 +44,7 @@ import logging
 import os
 from typing import Any, Callable, Mapping, Optional
 
-from lmcache_ascend.lmcache_bridge import hook, overrides, route_registry
+from lmcache_ascend.lmcache_bridge.patching import hook, overrides, route_registry
 
 logger = logging.getLogger(__name__)
 
@@ -60,9 +60,9 @@ def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
     """Our startup checks and requirements, in both vLLM roles."""
     from lmcache_ascend.compat import require_supported
     from lmcache_ascend.integration.vllm import vllm_engine_config
-    from lmcache_ascend.lmcache_bridge.adapter_shim import ROUTE, announce
-    from lmcache_ascend.lmcache_bridge.config import enforce_engine_requirements, validate_engine_config
-    from lmcache_ascend.lmcache_bridge.engine import attach_logging
+    from lmcache_ascend.lmcache_bridge.engine.config import enforce_engine_requirements, validate_engine_config
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import attach_logging
+    from lmcache_ascend.lmcache_bridge.patching.adapter_shim import ROUTE, announce
 
     attach_logging()
     require_supported()
@@ -106,7 +106,7 @@ def _model_identity(vllm_config: Any, config: Any) -> str:
 
     identity, refusal = wiring.model_identity(vllm_config, AscendConfig.from_lmcache(config))
     if refusal is not None:
-        from lmcache_ascend.lmcache_bridge.adapter_shim import ROUTE
+        from lmcache_ascend.lmcache_bridge.patching.adapter_shim import ROUTE
 
         raise ValueError(
             f"{ROUTE}: {refusal.detail}; chunk keys could not tell these weights from others served "
@@ -120,7 +120,7 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
                 vllm_config: Any = None) -> None:
     """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
     from lmcache_ascend.integration.vllm import vllm_specs, wiring
-    from lmcache_ascend.lmcache_bridge import adapter_shim
+    from lmcache_ascend.lmcache_bridge.patching import adapter_shim
     from lmcache_ascend.planning.planner import build_plan
     from lmcache_ascend.planning.settings import AscendConfig
     from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     # Named for readers; mypy skips vLLM's sources, so to it this stays untyped.
     from vllm.config import CacheConfig
 
-from lmcache_ascend.lmcache_bridge import overrides
+from lmcache_ascend.lmcache_bridge.patching import overrides
 
 logger = logging.getLogger(__name__)
 

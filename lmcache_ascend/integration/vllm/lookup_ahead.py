@@ -2,7 +2,7 @@
 
 A lookup asks the worker's lookup server for the stored prefix of a prompt.
 With a disk or remote store that server fetches and verifies every chunk it
-will report before it answers (``lmcache_bridge/staging.py``): a remote hit
+will report before it answers (``lmcache_bridge/integrity/staging.py``): a remote hit
 of hundreds of MB keeps vLLM's scheduler waiting, and with it every request
 already decoding. vLLM lets a connector answer "not yet": ``None`` from
 ``get_num_new_matched_tokens`` leaves the request waiting for this step and

@@ -149,7 +149,7 @@ class SchedulerHalf:
         groups: Sequence[SchedulerGroup],
         chunk_size: int,
         # (token ids, lookup id) -> stored prefix (seams.LookupFn); one
-        # with a close() (seams.OwnedLookup: lmcache_bridge.engine.
+        # with a close() (seams.OwnedLookup: lmcache_bridge.engine.lmcache_engine.
         # SchedulerLookup) is owned by the half and closed with it.
         lookup: LookupFn,
         hit_blockers: Sequence[SchedulerGroup] = (),

@@ -1,7 +1,7 @@
 """What the two halves use of their collaborators, as Protocols.
 
 The halves take their collaborators as constructor arguments: the real
-ones (``lmcache_bridge.engine.WorkerEngine`` / ``SchedulerLookup``,
+ones (``lmcache_bridge.engine.lmcache_engine.WorkerEngine`` / ``SchedulerLookup``,
 ``transfer.chunk_transfer.ChunkTransfer``, ``transfer.state_transfer.
 StateTransfer``, ``planning.planner.TransferPlan``) come from ``wiring.py``,
 where mypy checks that they satisfy these; the unit tests hand in small
@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
     import torch
 
-    from lmcache_ascend.lmcache_bridge.chunk_io import TransferContext
-    from lmcache_ascend.lmcache_bridge.staging import Claim, StagingCounts
-    from lmcache_ascend.lmcache_bridge.step_puts import Handoff
+    from lmcache_ascend.lmcache_bridge.engine.chunk_io import TransferContext
+    from lmcache_ascend.lmcache_bridge.engine.step_puts import Handoff
+    from lmcache_ascend.lmcache_bridge.integrity.staging import Claim, StagingCounts
     from lmcache_ascend.planning.groups import ChunkRequest
     from lmcache_ascend.planning.state_align import SnapshotLayout
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 
 class StagedLoads(Protocol):
-    """The chunks a lookup verified and holds (``lmcache_bridge/staging.py``),
+    """The chunks a lookup verified and holds (``lmcache_bridge/integrity/staging.py``),
     loaded without reading the store again."""
 
     def claim(self, lookup_id: str) -> Optional[Claim]:
@@ -75,7 +75,7 @@ class EngineCounters(Protocol):
 
 class WorkerEngineSeam(StagedLoads, ChunkStore, EngineCounters, Protocol):
     """What ``WorkerHalf`` calls of its LMCache engine
-    (``lmcache_bridge.engine.WorkerEngine``)."""
+    (``lmcache_bridge.engine.lmcache_engine.WorkerEngine``)."""
 
     def step(self) -> contextlib.AbstractContextManager[Handoff]:
         """Around one step's stores: their remote puts are handed off once."""
@@ -133,7 +133,7 @@ LookupFn = Callable[[Sequence[int], str], Optional[int]]
 
 @runtime_checkable
 class OwnedLookup(Protocol):
-    """A ``LookupFn`` that holds a resource (``lmcache_bridge.engine.
+    """A ``LookupFn`` that holds a resource (``lmcache_bridge.engine.lmcache_engine.
     SchedulerLookup``: LMCache's lookup client), closed with the scheduler
     half. A plain function is a lookup too, and owns nothing. Only
     ``close`` is named: the half checks a lookup against this at run time,

@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
-from lmcache_ascend.lmcache_bridge import overrides
+from lmcache_ascend.lmcache_bridge.patching import overrides
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ import torch
 from lmcache_ascend.integration.vllm import vllm_engine_config, vllm_kv_layout, vllm_specs
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
-from lmcache_ascend.lmcache_bridge import overrides
+from lmcache_ascend.lmcache_bridge.patching import overrides
 from lmcache_ascend.planning.agreement import HalfAgreement
 from lmcache_ascend.planning.groups import SchedulerGroup
 from lmcache_ascend.planning.isolation import Refusal
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from vllm.v1.kv_cache_interface import KVCacheConfig
 
     from lmcache_ascend.integration.vllm.lookup_ahead import LookupAhead
-    from lmcache_ascend.lmcache_bridge.engine import EngineSpec
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec
     from lmcache_ascend.planning.kv_format import LayoutHints
     from lmcache_ascend.planning.planner import TransferPlan
     from lmcache_ascend.planning.replication import Replication
@@ -68,15 +68,15 @@ class ConnectorSetup:
 
 
 def load_setup(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> ConnectorSetup:
-    from lmcache_ascend.lmcache_bridge.config import (
+    from lmcache_ascend.lmcache_bridge.engine.config import (
         apply_extra_config,
         enforce_engine_requirements,
         register_config_keys,
         validate_engine_config,
     )
     from lmcache_ascend.integration.vllm.parallel import check_parallelism, single_copy
-    from lmcache_ascend.lmcache_bridge.engine import EngineSpec, attach_logging
-    from lmcache_ascend.lmcache_bridge.lmcache_modules import engine_config
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, attach_logging
+    from lmcache_ascend.lmcache_bridge.patching.lmcache_modules import engine_config
 
     attach_logging()
     register_config_keys()
@@ -213,10 +213,10 @@ def _default_chunk_size(config: Any, groups: tuple[SchedulerGroup, ...], extra: 
 def build_scheduler_half(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig) -> SchedulerHalf:
     """The scheduler half with its LMCache lookup client."""
     from lmcache_ascend.integration.vllm.scheduler import StateHits
-    from lmcache_ascend.lmcache_bridge.engine import SchedulerLookup
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import SchedulerLookup
 
     from lmcache_ascend.integration.vllm.shutdown import advise_drain
-    from lmcache_ascend.lmcache_bridge.credentials import redact_url
+    from lmcache_ascend.lmcache_bridge.backends.credentials import redact_url
 
     setup = load_setup(vllm_config, kv_cache_config)
     vllm_engine_config.ensure_recompute_on_load_failure(vllm_config)
@@ -289,9 +289,9 @@ def build_worker_half(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, k
     """Plans transfers for ``kv_caches`` and starts this worker's LMCache
     engine and lookup server (owned by the returned half)."""
     from lmcache_ascend.integration.vllm.parallel import failed_load_vote, store_stripe
-    from lmcache_ascend.lmcache_bridge.chunk_io import PagedChunkConnector
-    from lmcache_ascend.lmcache_bridge.engine import WorkerEngine, checksums_enabled
-    from lmcache_ascend.lmcache_bridge.pool_secret import load_mac_key
+    from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import WorkerEngine, checksums_enabled
+    from lmcache_ascend.lmcache_bridge.integrity.pool_secret import load_mac_key
     from lmcache_ascend.planning.planner import build_plan
     from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
 

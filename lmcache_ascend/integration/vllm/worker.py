@@ -14,7 +14,7 @@ import torch
 from lmcache_ascend.integration.vllm.seams import ChunkMover, ChunkPlan, FailedLoadVote, StateMover, WorkerEngineSeam
 from lmcache_ascend.integration.vllm.stats import WorkerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StateLoad, StateStore, StepTransfers
-from lmcache_ascend.lmcache_bridge.chunk_io import TransferContext
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import TransferContext
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
 from lmcache_ascend.planning.store_runs import StripePart, chunk_starts, complete_runs, stripe_runs
@@ -75,7 +75,7 @@ def blocks_for_range(
 
 class WorkerHalf:
     """Owns this worker's LMCache engine and lookup server (``engine``, an
-    ``lmcache_bridge.engine.WorkerEngine``) and moves chunks with
+    ``lmcache_bridge.engine.lmcache_engine.WorkerEngine``) and moves chunks with
     ``transfer`` (a ``ChunkTransfer``) by ``plan``. What each is used for:
     the Protocols in ``seams.py``."""
 
@@ -327,7 +327,7 @@ class WorkerHalf:
         failed = self._failed_this_step(step)
         stored: list[str] = []
         # The step's remote puts are handed to LMCache once, when its stores
-        # are done, off this thread (lmcache_bridge/step_puts.py).
+        # are done, off this thread (lmcache_bridge/engine/step_puts.py).
         with self.engine.step() as handoff:
             for req in step.requests:
                 if req.req_id in failed and (req.store is not None or req.state_store is not None):

@@ -4,7 +4,7 @@ LMCache side.
 LMCache's in-process vLLM adapter (0.5.6, 0.5.7rc2) builds its engine with a
 "GPU connector" that exists only for CUDA, XPU, MUSA and HPU; on any other
 device ``CreateGPUConnector`` raises. This shim (applied by ``import
-lmcache_ascend``, see ``lmcache_ascend.lmcache_bridge.hook``) changes exactly
+lmcache_ascend``, see ``lmcache_ascend.lmcache_bridge.patching.hook``) changes exactly
 that, and only on devices LMCache has no connector for:
 
 * ``CreateGPUConnector`` returns an :class:`AdapterChunkConnector`: our
@@ -40,8 +40,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules, overrides, route_registry
-from lmcache_ascend.lmcache_bridge.chunk_io import LoadOutcome, PagedChunkConnector, TransferContext
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import LoadOutcome, PagedChunkConnector, TransferContext
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules, overrides, route_registry
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class AdapterChunkConnector(PagedChunkConnector):
     """
 
     def __init__(self, config: Any, metadata: Any) -> None:
-        from lmcache_ascend.lmcache_bridge.pool_secret import PoolSecretError, load_mac_key, read_secret
+        from lmcache_ascend.lmcache_bridge.integrity.pool_secret import PoolSecretError, load_mac_key, read_secret
 
         if read_secret(config)[0] is not None:
             # No room for a MAC here: entries would be unauthenticated.
@@ -155,8 +155,8 @@ def patch_v1_adapter(module: Any) -> None:
     cls = module.LMCacheConnectorV1Impl
     if getattr(cls, "_lmcache_ascend_patched", False):
         return
-    from lmcache_ascend.lmcache_bridge import credentials
-    from lmcache_ascend.lmcache_bridge.config import register_config_keys
+    from lmcache_ascend.lmcache_bridge.backends import credentials
+    from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
 
     # The adapter reads and prints LMCache's configuration (remote_url with
     # its password) when vLLM constructs it: mask it from then on.
@@ -281,7 +281,7 @@ def announce() -> None:
 def seed_lookup_hashes(adapter: Any) -> None:
     """The scheduler's lookup client hashes chunks in its own process: give
     it the worker's deterministic chunk-hash seed (engine.pin_init_hash)."""
-    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import prepare_token_database
 
     client = adapter.lookup_client
     if client is not None and getattr(client, "token_database", None) is not None:
@@ -297,7 +297,7 @@ def _engine_closer(adapter: Any) -> Callable[[], None]:
     # Imported now, not at shutdown, when the interpreter may be exiting.
     from lmcache.integration.vllm.utils import ENGINE_NAME
 
-    from lmcache_ascend.lmcache_bridge.resources import bounded_close, detach_remote_backends
+    from lmcache_ascend.lmcache_bridge.engine.resources import bounded_close, detach_remote_backends
 
     builder = lmcache_modules.load(lmcache_modules.CACHE_ENGINE).LMCacheEngineBuilder
 
@@ -326,7 +326,7 @@ def adapter_connector(engine: Any) -> AdapterChunkConnector:
 def prepare_engine(engine: Any, connector: AdapterChunkConnector, layout_fingerprint: str) -> None:
     """After ``connector`` was bound: key this layout's chunks apart, guard
     the engine's retrieve and store, seed and memoize its chunk hashes."""
-    from lmcache_ascend.lmcache_bridge.engine import prepare_token_database
+    from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import prepare_token_database
 
     # Chunks of this layout must never meet chunks LMCache's own connectors
     # wrote (another byte layout) in shared or persistent storage.

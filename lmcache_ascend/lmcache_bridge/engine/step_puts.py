@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
-from lmcache_ascend.lmcache_bridge import overrides
+from lmcache_ascend.lmcache_bridge.patching import overrides
 
 logger = logging.getLogger(__name__)
 

@@ -25,18 +25,18 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules, overrides
-from lmcache_ascend.lmcache_bridge.chunk_io import (
+from lmcache_ascend.lmcache_bridge.backends import remote_pool
+from lmcache_ascend.lmcache_bridge.backends.remote_pool import Reconnector
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import (
     ChunkBufferMetadata,
     PagedChunkConnector,
     TransferContext,
     key_scope_of,
 )
-from lmcache_ascend.lmcache_bridge import remote_pool
-from lmcache_ascend.lmcache_bridge.remote_pool import Reconnector
-from lmcache_ascend.lmcache_bridge.resources import CLOSE_TIMEOUT_S, bounded_close, detach_remote_backends
-from lmcache_ascend.lmcache_bridge.staging import Claim, LookupStaging, StagingCounts
-from lmcache_ascend.lmcache_bridge.step_puts import Handoff, StepPuts
+from lmcache_ascend.lmcache_bridge.engine.resources import CLOSE_TIMEOUT_S, bounded_close, detach_remote_backends
+from lmcache_ascend.lmcache_bridge.engine.step_puts import Handoff, StepPuts
+from lmcache_ascend.lmcache_bridge.integrity.staging import Claim, LookupStaging, StagingCounts
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules, overrides
 
 logger = logging.getLogger(__name__)
 
@@ -59,13 +59,13 @@ def attach_logging() -> None:
             return
         from lmcache.logging import init_logger
 
-        from lmcache_ascend.lmcache_bridge import credentials
+        from lmcache_ascend.lmcache_bridge.backends import credentials
 
         # Before LMCache reads and prints its configuration (remote_url).
         credentials.install()
         init_logger("lmcache_ascend")
         # LMCache advice and errors that do not apply under this connector.
-        from lmcache_ascend.lmcache_bridge import log_filters
+        from lmcache_ascend.lmcache_bridge.patching import log_filters
 
         log_filters.install()
         _logging_attached = True
@@ -137,7 +137,7 @@ def prepare_token_database(owner: Any, chunk_size: int, where: str) -> Optional[
     """Pins the chunk-hash seed of ``owner.token_database`` (an LMCache engine
     or lookup client) and memoizes its prefix hashes (see hash_memo.py).
     Returns the memo."""
-    from lmcache_ascend.lmcache_bridge import hash_memo
+    from lmcache_ascend.lmcache_bridge.engine import hash_memo
 
     token_database = lmcache_modules.load(lmcache_modules.TOKEN_DATABASE)
 
@@ -212,7 +212,7 @@ _engine_lock = threading.Lock()
 class WorkerEngine:
     """This worker's LMCache engine (with ``connector`` as its GPU connector)
     and the lookup server the scheduler's client asks. Its lookups stage
-    what they report (``staging.py``); loads copy from what was staged."""
+    what they report (``integrity/staging.py``); loads copy from what was staged."""
 
     def __init__(
         self, engine: Any, server: Any, instance_id: str, staging: Optional[LookupStaging] = None,
@@ -328,7 +328,7 @@ class WorkerEngine:
         """Failed operations of the remote stores, cumulative: those of the
         store connectors lmcache-ascend wraps (Mooncake: lookups, puts,
         gets; for this process) and this engine's remote put hand-offs."""
-        mooncake = sys.modules.get("lmcache_ascend.lmcache_bridge.mooncake")
+        mooncake = sys.modules.get("lmcache_ascend.lmcache_bridge.backends.mooncake")
         wrapped = sum(mooncake.failure_counts().values()) if mooncake is not None else 0
         return wrapped + (self._step_puts.failures if self._step_puts is not None else 0)
 

@@ -8,7 +8,7 @@ LMCache config keys, so they are set like any other: yaml
 ``kv_connector_extra_config`` (``lmcache.<key>``). LMCache's ``extra_config``
 dict cannot carry that (its yaml and environment forms hold one JSON dict),
 so the keys are registered into LMCache's config definitions and config
-class: a patch, gated like every other (see ``gate.py``).
+class: a patch, gated like every other (see ``patching/patches.py``).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
-from lmcache_ascend.lmcache_bridge import overrides
+from lmcache_ascend.lmcache_bridge.patching import overrides
 from lmcache_ascend.planning.settings import BOOL_WORDS_TEXT, KEYS, KEY_NAMES, parse_bool
 
 if TYPE_CHECKING:
     from lmcache.v1.config import LMCacheEngineConfig
 
 # LMCache is imported inside the functions: the patch that registers our
-# keys runs while LMCache's config module is still being imported (hook.py),
+# keys runs while LMCache's config module is still being imported (patching/hook.py),
 # and it imports this module.
 
 logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def apply_extra_config(config: "LMCacheEngineConfig", extra: Mapping[str, Any] |
         return
     from lmcache.v1.config_base import validate_and_set_config_value
 
-    from lmcache_ascend.lmcache_bridge import credentials
+    from lmcache_ascend.lmcache_bridge.backends import credentials
 
     known = set(config._config_definitions)  # type: ignore[attr-defined]
     for raw_key, value in extra.items():
@@ -153,7 +153,7 @@ def _is_bool_word(value: Any) -> bool:
 def validate_engine_config(config: "LMCacheEngineConfig", environ: Mapping[str, str]) -> None:
     """Refuse values LMCache 0.5.6 accepts silently or fails on obscurely
     (some of them after starting a thread that keeps the process alive)."""
-    from lmcache_ascend.lmcache_bridge import credentials
+    from lmcache_ascend.lmcache_bridge.backends import credentials
 
     credentials.register_config(config, environ)
     defs = config._config_definitions  # type: ignore[attr-defined]
@@ -198,8 +198,8 @@ def validate_engine_config(config: "LMCacheEngineConfig", environ: Mapping[str, 
     # Mooncake ignores keys it does not know and LMCache ignores its setup
     # result: without this an unusable pool retries ~90 s, then no-ops. A
     # pool that is down is not a misconfiguration: the engine starts
-    # without it unless ascend_require_remote is set (remote_pool.py).
-    from lmcache_ascend.lmcache_bridge.remote_pool import check_at_startup
+    # without it unless ascend_require_remote is set (backends/remote_pool.py).
+    from lmcache_ascend.lmcache_bridge.backends.remote_pool import check_at_startup
     from lmcache_ascend.planning.settings import AscendConfig
 
     check_at_startup(config, environ, AscendConfig.from_lmcache(config).require_remote)

@@ -44,8 +44,8 @@ from collections import Counter
 from typing import Any, Optional
 from urllib.parse import urlparse
 
-from lmcache_ascend.lmcache_bridge import overrides
-from lmcache_ascend.lmcache_bridge.credentials import redact_url
+from lmcache_ascend.lmcache_bridge.backends.credentials import redact_url
+from lmcache_ascend.lmcache_bridge.patching import overrides
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +167,7 @@ def check_at_startup(config: Any, environ: Any, require_remote: bool) -> None:
     """The remote store's startup check: misconfiguration raises (from the
     backend's check); an unavailable store raises only with
     ``require_remote``, else it is logged as one ERROR and counted."""
-    from lmcache_ascend.lmcache_bridge import mooncake
+    from lmcache_ascend.lmcache_bridge.backends import mooncake
 
     if not getattr(config, "remote_url", None):
         return
@@ -241,7 +241,7 @@ class Reconnector:
         return self
 
     def _target(self, backend: Any) -> Optional[tuple[str, int]]:
-        from lmcache_ascend.lmcache_bridge import mooncake
+        from lmcache_ascend.lmcache_bridge.backends import mooncake
 
         url = self._url(backend)
         if url.startswith(mooncake.URL_SCHEME):

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from lmcache_ascend.lmcache_bridge import overrides
+from lmcache_ascend.lmcache_bridge.patching import overrides
 
 # History the memo covers, in tokens: ~1.3 KB per 128-token chunk entry,
 # so about 20 MB whatever the chunk size.

@@ -26,8 +26,8 @@ import torch
 from lmcache.v1.memory_management import MemoryObj
 from lmcache.v1.metadata import LMCacheMetadata
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules
-from lmcache_ascend.lmcache_bridge.step_puts import DeferredSeals
+from lmcache_ascend.lmcache_bridge.engine.step_puts import DeferredSeals
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 from lmcache_ascend.planning.groups import ChunkRequest
 
 GPUConnectorInterface = lmcache_modules.load(lmcache_modules.GPU_CONNECTORS).GPUConnectorInterface
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 # is part of the layout fingerprint, so entries of another format have other
 # keys): [tag 16][crc32 4][magic 4]. The magic says how the chunk was sealed
 # (a chunk stored without checksums has zeros):
-# "LMCM": tag = keyed BLAKE3 MAC (the pool secret, pool_secret.py) over the
+# "LMCM": tag = keyed BLAKE3 MAC (the pool secret, integrity/pool_secret.py) over the
 #   chunk's key identity (its prefix hash), the key's other fields (model,
 #   weights, layout, rank: ``key_scope``) and the payload; crc unused (0);
 # "LMCK": no tag, crc32 of the payload seeded with the chunk's key identity,
@@ -125,7 +125,7 @@ class TransferContext:
     # missing here is not stored, and a load that misses it accepts only a
     # payload-only checksum.
     chunk_ids: Mapping[int, int] = dataclasses.field(default_factory=dict)
-    # The chunks were verified when the lookup staged them (staging.py):
+    # The chunks were verified when the lookup staged them (integrity/staging.py):
     # their checksums are not computed a second time.
     verified: bool = False
 

@@ -27,7 +27,7 @@ from types import MappingProxyType, ModuleType
 from typing import Callable, Mapping
 
 from lmcache_ascend.compat import supported_text, untested_allowed
-from lmcache_ascend.lmcache_bridge import lmcache_modules
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class Patch:
 def _shield_pq_executor(module: ModuleType) -> None:
     import asyncio
 
-    from lmcache_ascend.lmcache_bridge import overrides
+    from lmcache_ascend.lmcache_bridge.patching import overrides
 
     cls = module.AsyncPQExecutor
 
@@ -60,13 +60,13 @@ def _shield_pq_executor(module: ModuleType) -> None:
 
 
 def _register_config_keys(module: ModuleType) -> None:
-    from lmcache_ascend.lmcache_bridge.config import register_config_keys
+    from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
 
     register_config_keys()
 
 
 def _shim_vllm_adapter(module: ModuleType) -> None:
-    from lmcache_ascend.lmcache_bridge.adapter_shim import patch_v1_adapter
+    from lmcache_ascend.lmcache_bridge.patching.adapter_shim import patch_v1_adapter
 
     patch_v1_adapter(module)
 
@@ -89,7 +89,7 @@ PATCHES: tuple[Patch, ...] = (
         ("0.5.6", "0.5.7rc2"),
         "LMCache's config has no registry for plugin keys that its yaml, "
         "environment and kv_connector_extra_config loaders all read: our ascend_* "
-        "keys are added to its definitions and config class (lmcache_bridge/config.py).",
+        "keys are added to its definitions and config class (lmcache_bridge/engine/config.py).",
         _register_config_keys,
     ),
     Patch(
@@ -98,7 +98,7 @@ PATCHES: tuple[Patch, ...] = (
         ("0.5.6", "0.5.7rc2"),
         "LMCache's in-process vLLM adapter has GPU connectors for CUDA, XPU, MUSA "
         "and HPU only ('No supported cpu connector found'); on the CPU and NPUs the "
-        "shim gives it our chunk path (lmcache_bridge/adapter_shim.py).",
+        "shim gives it our chunk path (lmcache_bridge/patching/adapter_shim.py).",
         _shim_vllm_adapter,
     ),
 )

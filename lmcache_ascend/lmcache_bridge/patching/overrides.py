@@ -91,7 +91,7 @@ class UnverifiedOverrideError(RuntimeError):
 
 def _installed(upstream: Upstream) -> Optional[str]:
     if upstream is Upstream.LMCACHE:
-        from lmcache_ascend.lmcache_bridge import lmcache_modules
+        from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 
         return lmcache_modules.release()
     version = installed_vllm_version()
@@ -166,7 +166,7 @@ _LMC = LMCACHE_VERSIONS
 def _patch_entry(patch_name: str, target: str, tests: tuple[str, ...]) -> Override:
     """The record of a module patch, from its ``patches.Patch`` (one source
     for the verified releases and the reason)."""
-    from lmcache_ascend.lmcache_bridge.patches import PATCHES
+    from lmcache_ascend.lmcache_bridge.patching.patches import PATCHES
 
     patch = next(p for p in PATCHES if p.name == patch_name)
     return Override(patch.name, target, Kind.MODULE_PATCH, _L, patch.verified_on, patch.works_around, tests)
@@ -208,14 +208,14 @@ MOONCAKE_ACCOUNTING = Override(
     "mooncakestore_connector.setup_mooncake_store, MooncakestoreConnector.__init__/close (module/class)",
     Kind.MODULE_PATCH, _L, _LMC,
     "LMCache's Mooncake connector ignores setup's result and the put result codes and reads "
-    "is_exist errors as hits: a misconfigured store fails every operation silently (mooncake.py).",
+    "is_exist errors as hits: a misconfigured store fails every operation silently (backends/mooncake.py).",
     ("tests/unit/test_mooncake_config.py::test_unreachable_master_is_an_outage_found_within_seconds",),
 )
 MOONCAKE_CHECKED_STORE = Override(
     "mooncake_checked_store",
     "MooncakestoreConnector.store (instance)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
-    "Counts and logs failed Mooncake operations and reads an is_exist error as a miss (mooncake.py).",
+    "Counts and logs failed Mooncake operations and reads an is_exist error as a miss (backends/mooncake.py).",
     ("tests/unit/test_mooncake_config.py::test_checked_store_counts_failures_and_reads_errors_as_misses",
      "tests/unit/test_overrides.py::test_mooncake_connector_gets_a_checked_store"),
 )
@@ -224,7 +224,7 @@ STAGED_LOOKUP = Override(
     "LMCacheEngine.lookup (instance)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
     "A chunk LMCache's lookup reports can be gone (evicted, damaged) when the load reads it; the "
-    "lookup stages what it reports so a hit loads exactly (staging.py).",
+    "lookup stages what it reports so a hit loads exactly (integrity/staging.py).",
     ("tests/unit/test_staging.py::test_intact_chunks_load_exactly_even_when_the_store_loses_them_after_lookup",),
 )
 STEP_PUTS = Override(
@@ -232,7 +232,7 @@ STEP_PUTS = Override(
     "StorageBackendInterface.batched_submit_put_task (instance; restored at close)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
     "LMCache submits each store's disk and remote puts at once; a step's puts are held and handed "
-    "off together, off the step's thread (step_puts.py).",
+    "off together, off the step's thread (engine/step_puts.py).",
     ("tests/unit/test_step_seals.py::test_seals_are_held_only_inside_a_step_and_run_before_the_puts",
      "tests/integration/test_step_puts.py::test_close_hands_off_what_is_still_held"),
 )
@@ -241,7 +241,7 @@ PREFIX_HASH_MEMO = Override(
     "ChunkedTokenDatabase._prefix_hash, .lmcache_ascend_hash_memo (instance)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
     "LMCache rehashes every prefix chunk on each lookup and store; a bounded memo returns the "
-    "same keys (hash_memo.py).",
+    "same keys (engine/hash_memo.py).",
     ("tests/unit/test_hash_memo.py::test_memoized_keys_equal_lmcache_keys",),
 )
 PINNED_INIT_HASH = Override(
@@ -249,7 +249,7 @@ PINNED_INIT_HASH = Override(
     "ChunkedTokenDatabase._get_init_hash (instance)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
     "LMCache seeds chunk hashes from vLLM's NONE_HASH, random per process before vLLM 0.32 "
-    "without PYTHONHASHSEED: scheduler lookups and worker stores would never meet (engine.py).",
+    "without PYTHONHASHSEED: scheduler lookups and worker stores would never meet (engine/lmcache_engine.py).",
     ("tests/unit/test_chunk_keys.py::test_pinned_chunk_keys_agree_across_processes_without_pythonhashseed",),
 )
 KEY_METADATA = Override(
@@ -257,7 +257,7 @@ KEY_METADATA = Override(
     "LMCacheEngine.token_database.metadata (instance)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
     "Chunk keys carry LMCache's metadata; replicated layouts key without the rank so every rank "
-    "shares one copy (engine.py, EngineSpec.key_metadata).",
+    "shares one copy (engine/lmcache_engine.py, EngineSpec.key_metadata).",
     ("tests/unit/test_replication.py::test_replicated_keys_do_not_depend_on_tp_or_rank",),
 )
 LAYOUT_MODEL_NAME = Override(
@@ -313,7 +313,7 @@ DETACHED_REMOTE_CONNECTION = Override(
     "RemoteBackend.connection (instance, at close)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
     "RedisConnector.close() deadlocks on the storage manager's loop; the connector is closed with "
-    "its async calls and detached so RemoteBackend.close() skips it (resources.py).",
+    "its async calls and detached so RemoteBackend.close() skips it (engine/resources.py).",
     ("tests/unit/test_overrides.py::test_detached_remote_backend_has_no_connection",),
 )
 RECONNECT_NOW = Override(
@@ -321,7 +321,7 @@ RECONNECT_NOW = Override(
     "RemoteBackend.failure_time (instance)",
     Kind.INSTANCE_OVERRIDE, _L, _LMC,
     "LMCache waits between connection attempts; the reconnector's own reachability check replaces "
-    "that wait (remote_pool.py).",
+    "that wait (backends/remote_pool.py).",
     ("tests/unit/test_overrides.py::test_reconnector_clears_lmcaches_wait",),
 )
 RECOMPUTE_ON_LOAD_FAILURE = Override(

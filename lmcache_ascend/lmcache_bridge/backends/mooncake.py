@@ -25,7 +25,7 @@ operation fails with "Client is not initialized", silently. So:
   failed operation is counted and the first of each kind logged, and an
   ``is_exist`` error is a miss, not a hit.
 
-``python -m lmcache_ascend.lmcache_bridge.mooncake '<setup json>'`` is the
+``python -m lmcache_ascend.lmcache_bridge.backends.mooncake '<setup json>'`` is the
 probe (a child process, so Mooncake's retries and threads die with it).
 """
 
@@ -44,9 +44,9 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlparse
 
-from lmcache_ascend.lmcache_bridge import overrides
-from lmcache_ascend.lmcache_bridge.remote_pool import PoolUnavailableError
-from lmcache_ascend.lmcache_bridge.remote_pool import unreachable as _connect
+from lmcache_ascend.lmcache_bridge.backends.remote_pool import PoolUnavailableError
+from lmcache_ascend.lmcache_bridge.backends.remote_pool import unreachable as _connect
+from lmcache_ascend.lmcache_bridge.patching import overrides
 
 if TYPE_CHECKING:
     from lmcache.v1.config import LMCacheEngineConfig

@@ -29,7 +29,7 @@ import logging
 import sys
 import threading
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules, overrides, patches
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules, overrides, patches
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ class _AliasLoader(importlib.abc.Loader):
         overrides.apply(overrides.MOVED_MODULE_SPEC, module, "__spec__", self._target_spec)
         with _lock:
             _aliased.add(alias_name)
-        from lmcache_ascend.lmcache_bridge.engine import attach_logging
+        from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import attach_logging
 
         attach_logging()  # the line below is for the user: LMCache's log setup
         logger.info(

@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any, Callable
 
-from lmcache_ascend.lmcache_bridge import overrides
+from lmcache_ascend.lmcache_bridge.patching import overrides
 
 logger = logging.getLogger(__name__)
 

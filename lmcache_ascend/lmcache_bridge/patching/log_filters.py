@@ -26,7 +26,7 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from lmcache_ascend.lmcache_bridge import lmcache_modules
+from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
 
 logger = logging.getLogger(__name__)
 
