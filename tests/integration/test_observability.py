@@ -55,8 +55,17 @@ def _metric(text: str, name: str) -> float:
 
 # vLLM's own shutdown on Ctrl-C differs by release (0.23 to 0.32): a server
 # with the connector must exit cleanly and close it on every one.
+# How a server is stopped: Ctrl-C in a terminal sends SIGINT to every process
+# of the foreground group (the API server, the engine core, its worker); an
+# orchestrator sends SIGTERM to the container's main process, the API server
+# alone. Both go through each vLLM's own shutdown code, which differs on
+# every supported series.
+STOPS = {"ctrl_c": "SIGINT to the process group", "sigterm": "SIGTERM to the API server"}
+
+
 @pytest.mark.compat
-def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
+@pytest.mark.parametrize("stop", sorted(STOPS))
+def test_openai_server_metrics_and_request_log(tiny_model, tmp_path, stop):
     model = tiny_model("gemma2")
     port = _free_port()
     log_path = tmp_path / "server.log"
@@ -111,11 +120,11 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
         assert _metric(text, "vllm:lmcache_ascend_loaded_bytes_total") > 0
         assert _metric(text, "vllm:lmcache_ascend_load_errors_total") == 0
     finally:
-        # How a user stops a server in a terminal: Ctrl-C, a SIGINT to every
-        # process of the foreground group (the API server, the engine core,
-        # its worker), then SIGKILL after a grace. (SIGTERM to the API server
-        # alone, as an orchestrator sends it: test_server_load.py.)
-        os.killpg(proc.pid, signal.SIGINT)
+        # Stopped the way STOPS[stop] says; SIGKILL to the group after a grace.
+        if stop == "ctrl_c":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         try:
             rc = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -125,18 +134,23 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path):
     # The engine's worker process may end after the server (vLLM does not
     # wait for it in drain mode): wait for the whole process group.
     deadline = time.time() + 30
+    group_left = True
     while time.time() < deadline:
         try:
             os.killpg(proc.pid, 0)
         except ProcessLookupError:
+            group_left = False
             break
         time.sleep(0.5)
+    if group_left:  # never leave an orphaned engine process behind a failed test
+        os.killpg(proc.pid, signal.SIGKILL)
     log = log_path.read_text(errors="replace")
     # It exits by itself, cleanly, within the grace, and the connector in the
     # worker closed its LMCache engine on the way (pending puts handed first).
     # Without --shutdown-timeout vLLM 0.32 kills its engine processes at once
     # on a signal (mode=abort timeout=0s) and the connector gets no close.
-    assert rc == 0, f"exit code {rc} after SIGINT (None: still alive after 60 s): " + log[-3000:]
+    assert rc == 0, f"exit code {rc} after {STOPS[stop]} (None: still alive after 60 s): " + log[-3000:]
+    assert not group_left, f"engine processes still alive 30 s after the server exited on {STOPS[stop]}"
     assert "mode=drain" in log and "force killing" not in log, log[-3000:]
     assert re.search(r"LMCacheEngine instance lmcache-ascend-\S+ destroyed", log), log[-3000:]
     lines = re.findall(r"request \S+: hit (\d+) tokens \(vLLM had (\d+)\), loaded (\d+) tokens", log)
