@@ -141,6 +141,38 @@ def test_a_request_gone_before_its_lookup_ends_has_its_pins_dropped(ahead):
     # load it, so the next step ships the unpin.
     assert "r" in eng.last_transfers.unpin_lookup_ids, eng.last_transfers
     assert step == {}
+    assert eng.half.take_stats()["abandoned_transfers"] == 1
+
+
+def test_a_request_served_to_its_end_is_not_counted_abandoned(ahead):
+    eng, _, gated = engines(ahead)
+    toks = prompt(1000)
+    eng.cache.put(toks, 0, 768)
+    eng.add("r", toks)
+    assert ask(eng, "r") == (None, False)
+    gated.gate.set()
+    drain(ahead)
+    assert eng.admit("r") == 768
+    assert eng.step({"r": 1000 - 768})["r"].load is not None
+    eng.finish("r")
+    eng.step({})
+    assert eng.half.take_stats().get("abandoned_transfers", 0) == 0
+
+
+def test_a_request_gone_between_its_promised_hit_and_its_load_is_counted_and_unpinned(ahead):
+    eng, _, gated = engines(ahead)
+    toks = prompt(1000)
+    eng.cache.put(toks, 0, 768)
+    eng.add("r", toks)
+    assert ask(eng, "r") == (None, False)
+    gated.gate.set()
+    drain(ahead)
+    assert eng.admit("r") == 768  # vLLM allocated the blocks for the hit
+    eng.finish("r")  # and the request was aborted before the step that loads it
+    assert eng.step({}) == {}
+    # The worker drops a finished request's own pins (finished_req_ids).
+    assert "r" in eng.last_transfers.finished_req_ids, eng.last_transfers
+    assert eng.half.take_stats()["abandoned_transfers"] == 1
 
 
 def test_a_lookup_that_raises_is_a_miss_counted_as_a_failure(ahead):

@@ -10,6 +10,7 @@ verified even when the store loses everything after the lookup."""
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -163,3 +164,29 @@ def test_repeated_lookups_share_one_staged_copy_and_unpin_releases_it(disk_engin
     engine.unpin("b")
     assert engine.staging.held() == 0
     assert engine.claim("a") is None  # nothing left to load: the worker falls back, counted
+
+
+def test_close_says_how_many_staged_chunks_were_still_held(disk_engine, caplog):
+    """Every staged chunk is released by its load, its request's unpin or
+    the TTL; close reports (and releases) any left, so a missed release
+    shows in the log: a WARNING with the count, INFO when there is none."""
+    engine, kv, disk = disk_engine
+    _store_all(engine, disk)
+    assert _lookup(engine, "a") == len(TOKENS)
+    assert _lookup(engine, "b") == len(TOKENS)
+    engine.unpin("b")
+    held = engine.staging.held()
+    assert held == 4  # "a" was never loaded nor unpinned
+    with caplog.at_level(logging.INFO, logger="lmcache_ascend"):
+        engine.staging.close()
+    line = [r for r in caplog.records if "closing:" in r.getMessage()]
+    assert [(r.levelno, r.getMessage()) for r in line] == [
+        (logging.WARNING, f"lmcache-ascend: closing: {held} staged chunk(s) still held (1 lookup(s) no load "
+                          "claimed); released")]
+    assert engine.staging.held() == 0
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="lmcache_ascend"):
+        engine.staging.close()  # nothing left: one INFO line saying so
+    assert [(r.levelno, r.getMessage()) for r in caplog.records if "closing:" in r.getMessage()] == [
+        (logging.INFO, "lmcache-ascend: closing: 0 staged chunk(s) still held (0 lookup(s) no load claimed); "
+                       "released")]

@@ -188,6 +188,7 @@ class SchedulerHalf:
         # Lookups of requests that went away while their lookup ran: their
         # pins are dropped once it ends (request id, lookup).
         self._orphans: list[tuple[str, "Future[_Found]"]] = []
+        self._abandoned_total = 0  # abandoned_transfers over the half's life (stats are deltas)
         # Groups whose state we cannot restore at a chunk boundary: any hit
         # would leave them stale, so hits are refused (outputs stay exact).
         self._hit_blockers = tuple(hit_blockers)
@@ -550,11 +551,29 @@ class SchedulerHalf:
         rec = self._requests.pop(req_id, None)
         if rec is None:
             return
+        if rec.pending is not None or rec.lookup_id is not None or rec.staged or rec.load is not None:
+            self._abandoned(req_id)
         self._orphan(rec)
         self._release_lookup(rec)
         self._release_staged(rec)
         if rec.load is not None and rec.load.lookup_id is not None:
             self._unpin.append(rec.load.lookup_id)
+
+    def _abandoned(self, req_id: str) -> None:
+        """A request went away (a client that disconnected, an abort) with a
+        transfer in flight: its lookup still fetching, or its hit promised
+        and not loaded. Nothing was copied into its blocks; the pins and
+        staged chunks are dropped with the next step (``_forget``)."""
+        self.stats.abandoned_transfers += 1
+        self._abandoned_total += 1
+        log = logger.info if self._abandoned_total == 1 else logger.debug
+        log(
+            "lmcache-ascend: request %s ended with its lookup or load in flight; what its lookup "
+            "pinned or staged is released with the next step. Counted as abandoned_transfers "
+            "(%d so far; later ones are logged at DEBUG).",
+            req_id,
+            self._abandoned_total,
+        )
 
     def request_finished(self, req_id: str) -> tuple[bool, None]:
         # Stores run synchronously in the step that completes them, so vLLM

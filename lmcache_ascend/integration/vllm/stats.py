@@ -45,6 +45,9 @@ class SchedulerCounters(_Counters):
     # keys on (prompt embeddings, an unreadable LoRA adapter or model) that
     # chunk keys cannot cover (vllm_keys.py).
     isolation_refusals: int = 0
+    # Requests that ended (aborted, finished) while their lookup was still
+    # fetching, or after a hit was promised and before its load.
+    abandoned_transfers: int = 0
 
 
 @dataclass
@@ -112,6 +115,8 @@ _DOCS = {
     "refused_lookups": "Lookups not made because a state group cannot be restored at chunk boundaries.",
     "isolation_refusals": "Requests neither looked up nor stored because chunk keys cannot cover something "
     "vLLM's prefix cache keys on (prompt embeddings, an unreadable LoRA adapter or model weights).",
+    "abandoned_transfers": "Requests that ended (aborted, finished) while their lookup was still fetching, or "
+    "after a hit was promised and before its load; what the lookup pinned or staged is released with the next step.",
     "load_requests": "Requests whose KV was loaded from LMCache.",
     "loaded_tokens": "Tokens whose KV was loaded from LMCache.",
     "loaded_bytes": "Bytes copied from LMCache into vLLM's KV cache.",
