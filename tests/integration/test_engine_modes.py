@@ -3,6 +3,8 @@ vLLM engine (CPU), each compared against a run without the connector."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from lmcache_ascend.cli.engine_run import Phase, Scenario
@@ -47,9 +49,19 @@ def test_plugin_route_in_process_engine_local_disk(run_engine, tiny_model, tmp_p
     assert "checksum" not in log.lower() or "!= stored" not in log
 
 
-def test_preemption_under_small_kv_space(run_engine, tiny_model):
-    """A batch that does not fit vLLM's KV blocks: requests are preempted and
-    resumed (their blocks replaced); outputs still equal a no-connector run."""
+@pytest.mark.redis
+def test_preemption_under_small_kv_space(run_engine, tiny_model, tmp_path):
+    """A batch that does not fit vLLM's KV blocks, on Gemma-3 (six groups)
+    with Redis beside LMCache's CPU cache: requests are preempted and resumed
+    (their blocks replaced) while the remote puts of earlier steps are still
+    in flight beside the step. Outputs still equal a no-connector run, and
+    the connector's close finds nothing held: no staged chunk, no chunk of
+    LMCache's CPU cache pinned or referenced beyond the cache's own."""
+    from redis_entries import redis_engine_env
+    from redis_server import RedisServer, ensure_redis_server
+
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
     model = tiny_model("gemma3")
     shared = token_prompt(CHUNK, seed=21)
     prompts = [shared + token_prompt(60, seed=30 + i) for i in range(4)]
@@ -59,13 +71,21 @@ def test_preemption_under_small_kv_space(run_engine, tiny_model):
         Phase("batch", prompts, reset_prefix_cache=True, max_tokens=180),
     ]
     kw = dict(max_model_len=512, engine_kwargs={"num_gpu_blocks_override": 40, "max_num_seqs": 4})
-    got, log = run_engine(Scenario(model=model, phases=phases, **kw))
+    with RedisServer(tmp_path) as redis:
+        env = redis_engine_env(redis.url)
+        got, log = run_engine(Scenario(model=model, phases=phases, env=env, **kw))
+        with redis.client() as c:
+            in_redis = c.dbsize()
     ref, ref_log = run_engine(Scenario(model=model, phases=phases, connector="none", **kw))
     for g, r in zip(got, ref):
         assert_same(g, r, g.name)
     # The shared prefix stored by the warmup request is hit in the batch.
     assert got[1].completions[0].num_cached_tokens >= CHUNK
     assert got[1].preemptions > 0, "no preemption happened"
+    assert in_redis >= 2, "nothing reached Redis"  # two keys per chunk
+    assert "lmcache-ascend: closing: 0 staged chunk(s) still held" in log, log[-3000:]
+    assert re.search(r"lmcache-ascend: closing: 0 of \d+ chunk\(s\) in LMCache's CPU cache still pinned", log), \
+        log[-3000:]
 
 
 USER_SCRIPT = '''

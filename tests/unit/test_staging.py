@@ -190,3 +190,58 @@ def test_close_says_how_many_staged_chunks_were_still_held(disk_engine, caplog):
     assert [(r.levelno, r.getMessage()) for r in caplog.records if "closing:" in r.getMessage()] == [
         (logging.INFO, "lmcache-ascend: closing: 0 staged chunk(s) still held (0 lookup(s) no load claimed); "
                        "released")]
+
+
+def _cpu_engine() -> WorkerEngine:
+    config = LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK,
+        local_cpu=True,  # hits come from LMCache's CPU cache: pinned there by the lookup
+        max_local_cpu_size=0.05,
+        pre_caching_hash_algorithm="sha256_cbor",
+        save_unfull_chunk=False,
+    )
+    spec = EngineSpec("staging-test", f"staging-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
+    kv = _KV()
+    connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, kv.store, kv.load, checksums=True)
+    return WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+
+
+@pytest.mark.parametrize("case", ["released", "staged_left", "reference_left"])
+def test_close_says_what_was_still_held(case, caplog):
+    """A lookup stages what it reports (a reference on each chunk of
+    LMCache's CPU cache) until the load or the request's end releases it.
+    Close reports, after the last puts: the staged chunks still held, then
+    the chunks of LMCache's CPU cache still pinned or referenced beyond the
+    cache's own reference. INFO with 0 when everything was released; a
+    WARNING with the count when not, the leak an abort, preemption or
+    shutdown path could cause."""
+    engine = _cpu_engine()
+    kept = None
+    try:
+        tokens = torch.tensor(TOKENS)
+        engine.store(tokens, torch.ones(len(TOKENS), dtype=torch.bool), TransferContext("s", ((0,),)))
+        assert _lookup(engine, "a") == len(TOKENS)
+        if case != "staged_left":
+            engine.unpin("a")
+        if case == "reference_left":  # as a load that never gave its chunk back
+            backend = engine.engine.storage_manager.storage_backends["LocalCPUBackend"]
+            kept = next(iter(backend.hot_cache.values()))
+            kept.ref_count_up()
+        with caplog.at_level(logging.INFO, logger="lmcache_ascend"):
+            engine.close()
+    finally:
+        engine.close()
+        if kept is not None:
+            kept.ref_count_down()
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "closing:" in r.getMessage()]
+    n = len(TOKENS) // CHUNK
+    staged = (f"lmcache-ascend: closing: {n} staged chunk(s) still held (1 lookup(s) no load claimed); released"
+              if case == "staged_left" else
+              "lmcache-ascend: closing: 0 staged chunk(s) still held (0 lookup(s) no load claimed); released")
+    cpu = (f"lmcache-ascend: closing: 1 of {n} chunk(s) in LMCache's CPU cache still pinned or referenced (a pin "
+           "or reference that no load, unpin or put released)" if case == "reference_left" else
+           f"lmcache-ascend: closing: 0 of {n} chunk(s) in LMCache's CPU cache still pinned or referenced")
+    assert lines == [
+        (logging.WARNING if case == "staged_left" else logging.INFO, staged),
+        (logging.WARNING if case == "reference_left" else logging.INFO, cpu),
+    ]
