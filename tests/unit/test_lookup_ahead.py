@@ -144,7 +144,9 @@ def test_a_request_gone_before_its_lookup_ends_has_its_pins_dropped(ahead):
     assert eng.half.take_stats()["abandoned_transfers"] == 1
 
 
-def test_a_request_served_to_its_end_is_not_counted_abandoned(ahead):
+def _looked_up(ahead):
+    """An engine whose request "r" (1000 tokens, 768 stored) asked once (None:
+    its lookup runs on the thread) and whose lookup has since ended."""
     eng, _, gated = engines(ahead)
     toks = prompt(1000)
     eng.cache.put(toks, 0, 768)
@@ -152,6 +154,11 @@ def test_a_request_served_to_its_end_is_not_counted_abandoned(ahead):
     assert ask(eng, "r") == (None, False)
     gated.gate.set()
     drain(ahead)
+    return eng
+
+
+def test_a_request_served_to_its_end_is_not_counted_abandoned(ahead):
+    eng = _looked_up(ahead)
     assert eng.admit("r") == 768
     assert eng.step({"r": 1000 - 768})["r"].load is not None
     eng.finish("r")
@@ -160,13 +167,7 @@ def test_a_request_served_to_its_end_is_not_counted_abandoned(ahead):
 
 
 def test_a_request_gone_between_its_promised_hit_and_its_load_is_counted_and_unpinned(ahead):
-    eng, _, gated = engines(ahead)
-    toks = prompt(1000)
-    eng.cache.put(toks, 0, 768)
-    eng.add("r", toks)
-    assert ask(eng, "r") == (None, False)
-    gated.gate.set()
-    drain(ahead)
+    eng = _looked_up(ahead)
     assert eng.admit("r") == 768  # vLLM allocated the blocks for the hit
     eng.finish("r")  # and the request was aborted before the step that loads it
     assert eng.step({}) == {}

@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -48,23 +49,23 @@ class _KV:
         self.loaded[req.start] = buf[:CHUNK_BYTES].clone()
 
 
+def _engine(kv: _KV, **config: Any) -> WorkerEngine:
+    """A real LMCache engine of this connector's shape; ``config``: its storage."""
+    config = LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK, max_local_cpu_size=0.05, pre_caching_hash_algorithm="sha256_cbor",
+        save_unfull_chunk=False, **config)
+    spec = EngineSpec("staging-test", f"staging-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
+    connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, kv.store, kv.load, checksums=True)
+    return WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+
+
 @pytest.fixture
 def disk_engine(tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
-    config = LMCacheEngineConfig.from_defaults(
-        chunk_size=CHUNK,
-        local_cpu=False,  # every hit comes from the disk backend
-        max_local_cpu_size=0.05,
-        local_disk=f"file://{disk}/",
-        max_local_disk_size=0.05,
-        pre_caching_hash_algorithm="sha256_cbor",
-        save_unfull_chunk=False,
-    )
-    spec = EngineSpec("staging-test", f"staging-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
     kv = _KV()
-    connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, kv.store, kv.load, checksums=True)
-    engine = WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+    # local_cpu off: every hit comes from the disk backend.
+    engine = _engine(kv, local_cpu=False, local_disk=f"file://{disk}/", max_local_disk_size=0.05)
     try:
         yield engine, kv, disk
     finally:
@@ -192,20 +193,6 @@ def test_close_says_how_many_staged_chunks_were_still_held(disk_engine, caplog):
                        "released")]
 
 
-def _cpu_engine() -> WorkerEngine:
-    config = LMCacheEngineConfig.from_defaults(
-        chunk_size=CHUNK,
-        local_cpu=True,  # hits come from LMCache's CPU cache: pinned there by the lookup
-        max_local_cpu_size=0.05,
-        pre_caching_hash_algorithm="sha256_cbor",
-        save_unfull_chunk=False,
-    )
-    spec = EngineSpec("staging-test", f"staging-{uuid.uuid4().hex[:8]}", 0, 1, CHUNK, {})
-    kv = _KV()
-    connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, kv.store, kv.load, checksums=True)
-    return WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
-
-
 @pytest.mark.parametrize("case", ["released", "staged_left", "reference_left"])
 def test_close_says_what_was_still_held(case, caplog):
     """A lookup stages what it reports (a reference on each chunk of
@@ -215,7 +202,8 @@ def test_close_says_what_was_still_held(case, caplog):
     cache's own reference. INFO with 0 when everything was released; a
     WARNING with the count when not, the leak an abort, preemption or
     shutdown path could cause."""
-    engine = _cpu_engine()
+    # Hits come from LMCache's CPU cache.
+    engine = _engine(_KV(), local_cpu=True)
     kept = None
     try:
         tokens = torch.tensor(TOKENS)
