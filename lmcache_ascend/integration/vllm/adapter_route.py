@@ -42,21 +42,29 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from lmcache_ascend.lmcache_bridge.patching import hook, overrides, route_registry
 
+if TYPE_CHECKING:
+    # Named for readers, never imported at run time (see above); mypy skips
+    # vLLM's sources, so to it vLLM's types stay untyped.
+    from vllm.config import VllmConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+    from lmcache_ascend.planning.kv_format import LayerEntry
+
 logger = logging.getLogger(__name__)
 
-# The untyped parameters below are LMCache's and vLLM's objects as LMCache's
-# adapter hands them over: ``config`` LMCache's LMCacheEngineConfig,
-# ``parent`` its LMCacheConnectorV1Impl, ``engine`` its LMCacheEngine (LMCache
-# ships no types), ``vllm_config`` / ``kv_cache_config`` / ``request`` vLLM's
-# objects as that adapter stores them (read through the vllm_* modules), and
-# ``kv_caches`` vLLM's per-layer tensor or list of tensor views.
+# Any below: LMCache's objects as its adapter hands them over, ``config``
+# its LMCacheEngineConfig and ``engine`` its LMCacheEngine (LMCache ships no
+# types). ``parent`` is vLLM's LMCacheConnectorV1, the other vLLM objects are
+# as that adapter stores them (read through the vllm_* modules).
 
 
-def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
+def prepare(config: Any, vllm_config: VllmConfig, is_scheduler: bool) -> None:
     """Our startup checks and requirements, in both vLLM roles."""
     from lmcache_ascend.compat import require_supported
     from lmcache_ascend.integration.vllm import vllm_engine_config
@@ -73,7 +81,7 @@ def prepare(config: Any, vllm_config: Any, is_scheduler: bool) -> None:
     announce()
 
 
-def install_shutdown(parent: Optional[Any], close: Callable[[], None]) -> None:
+def install_shutdown(parent: Optional[KVConnectorBase_V1], close: Callable[[], None]) -> None:
     """vLLM 0.32's ``LMCacheConnectorV1`` does not override ``shutdown``, so
     LMCache's engine is never closed; its storage thread is not a daemon and
     keeps an in-process engine's Python process alive forever. Give this
@@ -91,13 +99,16 @@ def install_shutdown(parent: Optional[Any], close: Callable[[], None]) -> None:
     close_before_thread_join(parent, lambda p: p.shutdown())
 
 
-def bind(parent: Any, engine: Any, config: Any, kv_caches: Mapping[str, Any]) -> None:
+def bind(parent: KVConnectorBase_V1, engine: Any, config: Any, kv_caches: Mapping[str, LayerEntry]) -> None:
     """``register_kv_caches`` of the adapter: bind its engine's connector to
     the KV tensors of vLLM's connector ``parent``."""
+    # getattr: vLLM's KVConnectorBase_V1 sets _vllm_config on every supported
+    # vLLM (0.23-0.32); a parent without it (a stand-in) binds with no model
+    # identity in the keys, as bind_engine's vllm_config=None.
     bind_engine(engine, kv_caches, parent._kv_cache_config, config, getattr(parent, "_vllm_config", None))
 
 
-def _model_identity(vllm_config: Any, config: Any) -> str:
+def _model_identity(vllm_config: VllmConfig, config: Any) -> str:
     """The weights' fingerprint for this route's chunk keys (as the dynamic
     connector's). Where the weights cannot be read, this route cannot refuse
     requests one by one in its scheduler: it refuses to start instead."""
@@ -116,8 +127,8 @@ def _model_identity(vllm_config: Any, config: Any) -> str:
     return identity
 
 
-def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any, config: Any,
-                vllm_config: Any = None) -> None:
+def bind_engine(engine: Any, kv_caches: Mapping[str, LayerEntry], kv_cache_config: KVCacheConfig, config: Any,
+                vllm_config: Optional[VllmConfig] = None) -> None:
     """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
     from lmcache_ascend.integration.vllm import vllm_specs, wiring
     from lmcache_ascend.lmcache_bridge.patching import adapter_shim
@@ -151,13 +162,16 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, Any], kv_cache_config: Any,
     wiring.log_copy_threads(transfer)
 
 
-def refusal(request: Any) -> Optional[tuple[str, str]]:
+def refusal(request: Request) -> Optional[tuple[str, str]]:
     """LMCache's adapter keys a request's chunks by its tokens with its
     multimodal items folded in, never by its ``cache_salt`` or LoRA adapter
     (LMCache issue 2878), and not by prompt embeddings: such requests would
     be served KV vLLM's own prefix cache keeps apart, so this route neither
     looks them up nor stores them. (LMCacheAscendConnectorV1Dynamic keys all
     of them: vllm_keys.py.)"""
+    # Duck-typed on purpose, as vllm_keys.request_keys: vLLM's Request has
+    # these three (and LoRARequest its lora_name) on every supported vLLM
+    # (0.23-0.32); one without a field has nothing to refuse for it.
     if getattr(request, "prompt_embeds", None) is not None:
         return "prompt_embeds", "the request gives prompt embeddings"
     if getattr(request, "cache_salt", None):

@@ -50,6 +50,8 @@ class AlignBlockSize:
         self.restored = 0
 
     def __call__(self) -> None:
+        # Duck-typed on purpose (any object with block_size, as the tests'
+        # stand-ins): CacheConfig has it on every supported vLLM (0.23-0.32).
         current = getattr(self._cache_config, "block_size", None)
         if current == self.block_size:
             return

@@ -42,6 +42,7 @@ adapter_route.install()
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
     from vllm.forward_context import ForwardContext
+    from vllm.v1.attention.backend import AttentionMetadata
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
@@ -77,8 +78,8 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
                 f"LMCacheAscendConnectorV1Dynamic: kv_role={kv_role!r} is not valid; "
                 f"use one of {list(_VALID_ROLES)}"
             )
-        # getattr: read as a probe, since the flag is not on every vLLM
-        # series' ModelConfig (and test configs carry no model_config).
+        # getattr: duck-typed on purpose. ModelConfig has enable_sleep_mode on
+        # every supported vLLM (0.23-0.32), but test configs carry no model_config.
         if getattr(getattr(vllm_config, "model_config", None), "enable_sleep_mode", False):
             # vLLM 0.33 asks supports_sleep_mode() itself; older releases do
             # not ask, so the same answer is given here on every version.
@@ -107,8 +108,10 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
 
             self._scheduler = build_scheduler_half(vllm_config, kv_cache_config)
 
+    # Any: a hook of vLLM >= 0.33 only, whose type no installed stack
+    # (0.23-0.32) can name; unused here.
     @classmethod
-    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:  # vLLM >= 0.33 only: unused here
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
         """vLLM >= 0.33: sleep mode frees and remaps the KV cache tensors this
         connector's worker registered and addresses; refused (vLLM then
         names this connector in its error), like vLLM's MooncakeStoreConnector."""
@@ -156,8 +159,8 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self,
         layer_name: str,
         kv_layer: torch.Tensor,
-        attn_metadata: Any,  # vLLM's per-backend metadata: untyped in its base class
-        **kwargs: Any,
+        attn_metadata: "AttentionMetadata",
+        **kwargs: Any,  # vLLM's base signature
     ) -> None:
         return
 
@@ -191,7 +194,7 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         return None
 
     @classmethod
-    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None):  # vLLM's stats dict: untyped
+    def build_kv_connector_stats(cls, data: Optional[dict[str, Any]] = None):  # vLLM's signature: a free-form dict
         from lmcache_ascend.integration.vllm.stats import AscendConnectorStats
 
         return AscendConnectorStats(data=dict(data)) if data else AscendConnectorStats()

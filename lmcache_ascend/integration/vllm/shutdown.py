@@ -68,7 +68,9 @@ def advise_drain(vllm_config: VllmConfig, shared_store: str) -> bool:
     empty), and how to keep them. A killed process cannot count what it
     lost, so this line is the only account of it. Returns whether it was
     logged."""
-    # A probe: vLLM series without graceful shutdown have no shutdown_timeout.
+    # A probe: VllmConfig has shutdown_timeout on every supported vLLM
+    # (0.23-0.32); one without graceful shutdown (none supported now) would
+    # not, and gets no advice.
     timeout = getattr(vllm_config, "shutdown_timeout", None)
     if not shared_store or timeout is None or int(timeout) != 0:
         return False

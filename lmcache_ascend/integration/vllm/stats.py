@@ -8,7 +8,7 @@ and feeds ``AscendPromMetrics.observe`` for ``/metrics``.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
@@ -17,16 +17,22 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     PromMetricT,
 )
 
+if TYPE_CHECKING:
+    # Named for readers; mypy skips vLLM's sources, so to it this stays untyped.
+    from vllm.config import VllmConfig
+
 
 class _Counters:
     """Additive counters whose deltas flow to vLLM once per step."""
 
     def as_dict(self) -> dict[str, float]:
+        # getattr: our own dataclass's fields, read by name; no probe.
         return {f.name: getattr(self, f.name) for f in fields(self)}  # type: ignore[arg-type]
 
     def take(self) -> dict[str, float]:
         """The non-zero changes since the previous call."""
         now = self.as_dict()
+        # A probe of our own object: _taken is unset until the first call.
         before = getattr(self, "_taken", {})
         self._taken = now
         return {k: v - before.get(k, 0) for k, v in now.items() if v != before.get(k, 0)}
@@ -149,7 +155,7 @@ class AscendPromMetrics(KVConnectorPromMetrics):
 
     def __init__(
         self,
-        vllm_config: Any,  # passed through to vLLM's base class, which leaves it untyped
+        vllm_config: VllmConfig,  # passed through to vLLM's base class
         metric_types: dict[type[PromMetric], type[PromMetricT]],
         labelnames: list[str],
         per_engine_labelvalues: dict[int, list[object]],
@@ -164,7 +170,8 @@ class AscendPromMetrics(KVConnectorPromMetrics):
             for name in COUNTER_NAMES
         }
 
-    # vLLM hands the stats over as a free-form dict (ours: counter name -> number).
+    # Any: vLLM's own signature (0.23-0.32): the stats as a free-form dict
+    # (ours: counter name -> number).
     def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
         if not transfer_stats_data:
             return

@@ -14,18 +14,23 @@ spec classification (vllm_specs) and the per-step view (vllm_step_view).
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
 from lmcache_ascend.lmcache_bridge.patching import overrides
 
+if TYPE_CHECKING:
+    # Named for readers; mypy skips vLLM's sources, so to it this stays
+    # untyped, and unit tests hand in plain namespaces.
+    from vllm.config import VllmConfig
+
 logger = logging.getLogger(__name__)
 
-# ``vllm_config`` stays untyped: vLLM's VllmConfig is skipped by mypy (so
-# untyped to it either way), its fields differ across 0.23-0.32 (read with
-# probes below), and unit tests hand in plain namespaces. The extra config
-# is the user's JSON (values of any kind).
+# VllmConfig's fields differ across 0.23-0.32: those only some series have
+# are read with probes below, each saying which. Fields every supported
+# series has are probed too where a test's namespace may leave them out
+# (duck-typed on purpose). Any: the extra config is the user's JSON.
 
 
 def is_cpu_platform() -> bool:
@@ -34,16 +39,18 @@ def is_cpu_platform() -> bool:
     return current_platform.is_cpu()
 
 
-def kv_transfer_extra_config(vllm_config: Any) -> dict[str, Any]:
+def kv_transfer_extra_config(vllm_config: VllmConfig) -> dict[str, Any]:
     ktc = vllm_config.kv_transfer_config
     return dict(ktc.kv_connector_extra_config or {})
 
 
-def _refuse_kvpp(vllm_config: Any) -> None:
+def _refuse_kvpp(vllm_config: VllmConfig) -> None:
     """vLLM-Ascend 0.28.0rc1+'s KV layer parallelism (ascend_config.py
     KVPPConfig: enable_kvpp, TP x PCP > 1) puts the layers a rank does not own
     in shared scratch buffers (worker/kvpp_cache.py), across groups too."""
     pc = vllm_config.parallel_config
+    # Duck-typed: prefill_context_parallel_size and additional_config are on
+    # every supported vLLM (0.23-0.32).
     size = int(pc.tensor_parallel_size) * int(getattr(pc, "prefill_context_parallel_size", 1) or 1)
     extra = getattr(vllm_config, "additional_config", None)
     if isinstance(extra, dict) and extra.get("enable_kvpp") and size > 1:
@@ -53,20 +60,23 @@ def _refuse_kvpp(vllm_config: Any) -> None:
         )
 
 
-def engine_identity(vllm_config: Any) -> tuple[str, str, int, int]:
+def engine_identity(vllm_config: VllmConfig) -> tuple[str, str, int, int]:
     """(model name, engine id, tp rank, world size) for LMCache metadata; both
     halves read it at startup, so options it cannot serve are refused here."""
     _refuse_kvpp(vllm_config)
     ktc = vllm_config.kv_transfer_config
     pc = vllm_config.parallel_config
+    # Duck-typed: KVTransferConfig has engine_id (None when unset) on 0.23-0.32.
     engine_id = str(getattr(ktc, "engine_id", None) or "lmcache-ascend")
     return (str(vllm_config.model_config.model), engine_id, int(pc.rank), int(pc.world_size))
 
 
-def ensure_recompute_on_load_failure(vllm_config: Any) -> None:
+def ensure_recompute_on_load_failure(vllm_config: VllmConfig) -> None:
     """A cache miss must cost speed, never the request: ask vLLM to recompute
     blocks we report through ``get_block_ids_with_load_errors``."""
     ktc = vllm_config.kv_transfer_config
+    # Duck-typed: the policy is on 0.23-0.32 (default "fail"); an object
+    # without it has no policy to change.
     if getattr(ktc, "kv_load_failure_policy", "recompute") != "recompute":
         logger.info(
             "lmcache-ascend: kv_load_failure_policy %r -> 'recompute' (a failed or "
@@ -97,7 +107,7 @@ def _state_copy_missing() -> Optional[str]:
     return "this vLLM's CPU backend has no replacement for the Triton state copy align mode runs"
 
 
-def state_align_facts(vllm_config: Any, kv_cache_config: KVCacheConfig):
+def state_align_facts(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig):
     """What vLLM's configs say about Mamba state groups (align mode).
 
     Everything per group comes from the KV cache config's specs: vLLM 0.32's
@@ -117,6 +127,7 @@ def state_align_facts(vllm_config: Any, kv_cache_config: KVCacheConfig):
                     block_size=int(spec.block_size),
                     mode=str(spec.mamba_cache_mode),
                     speculative_blocks=int(spec.num_speculative_blocks),
+                    # MambaSpec has it from vLLM 0.29 (none: 0.23-0.27).
                     checkpoint_blocks=int(getattr(spec, "num_prefill_checkpoint_blocks", 0) or 0),
                     shapes=tuple(tuple(int(d) for d in s) for s in spec.shapes),
                     dtypes=tuple(str(d).removeprefix("torch.") for d in spec.dtypes),
@@ -134,6 +145,10 @@ def state_align_facts(vllm_config: Any, kv_cache_config: KVCacheConfig):
                 )
             )
     cache = vllm_config.cache_config
+    # Probes: KVCacheConfig.hash_block_size is on vLLM 0.32 only (of 0.23-0.32),
+    # CacheConfig.prefix_match_unit from 0.26, SchedulerConfig.watermark from
+    # 0.26 (none on 0.23). speculative_config and its num_speculative_tokens
+    # are on every supported vLLM: duck-typed for tests' namespaces.
     spec_cfg = getattr(vllm_config, "speculative_config", None)
     hash_block = getattr(kv_cache_config, "hash_block_size", None)
     return StateAlignFacts(
@@ -148,7 +163,7 @@ def state_align_facts(vllm_config: Any, kv_cache_config: KVCacheConfig):
     )
 
 
-def keep_admission_blocks_free(vllm_config: Any, kv_cache_config: KVCacheConfig, blocks: int) -> None:
+def keep_admission_blocks_free(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, blocks: int) -> None:
     """Make vLLM's scheduler keep ``blocks`` KV blocks free when it admits a
     request while others run (its ``watermark``, a fraction of all blocks).
 
@@ -162,7 +177,7 @@ def keep_admission_blocks_free(vllm_config: Any, kv_cache_config: KVCacheConfig,
     total = int(kv_cache_config.num_blocks)
     if blocks <= 0 or total <= 0:
         return
-    current = float(getattr(sched, "watermark", 0.0) or 0.0)
+    current = float(getattr(sched, "watermark", 0.0) or 0.0)  # from vLLM 0.26 (none on 0.23)
     if int(current * total) >= blocks:
         return
     needed = (blocks + 0.5) / total

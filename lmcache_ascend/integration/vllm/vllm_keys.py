@@ -22,7 +22,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from lmcache_ascend.planning.identity import IdentityError, ModelFacts, lora_fingerprint
 from lmcache_ascend.planning.isolation import (
@@ -32,6 +32,11 @@ from lmcache_ascend.planning.isolation import (
     RequestKeys,
     key_tokens,
 )
+
+if TYPE_CHECKING:
+    # Named for readers; mypy skips vLLM's sources, so to it these stay untyped.
+    from vllm.config import ModelConfig, VllmConfig
+    from vllm.v1.request import Request
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +59,12 @@ class RequestView:
     refusal: Optional[Refusal] = None
 
 
-# ``request`` / ``vllm_config`` / ``model_config`` stay untyped: vLLM's
-# Request and configs differ across 0.23-0.32 (the probes below read the
-# fields only some series have), and mypy skips vLLM's sources.
-def request_keys(request: Any) -> tuple[RequestKeys, Optional[Refusal]]:
+# The probes below are duck-typed on purpose: every supported vLLM
+# (0.23-0.32) has these fields (Request's prompt_embeds, cache_salt,
+# lora_request, mm_features; LoRARequest's lora_name, lora_path; each
+# mm_features item's identifier, mm_hash, mm_position), but a request
+# missing one is refused or read as not having it, never an AttributeError.
+def request_keys(request: Request) -> tuple[RequestKeys, Optional[Refusal]]:
     """The extra keys of ``request``, or why it cannot be keyed."""
     if getattr(request, "prompt_embeds", None) is not None:
         return RequestKeys(), Refusal(
@@ -84,7 +91,8 @@ def request_keys(request: Any) -> tuple[RequestKeys, Optional[Refusal]]:
         return RequestKeys(), Refusal("multimodal", "this vLLM's Request has no mm_features")
     for feature in request.mm_features or ():
         ident = getattr(feature, "identifier", None) or getattr(feature, "mm_hash", None)
-        pos: Any = getattr(feature, "mm_position", None)  # None: AttributeError below, a refusal
+        # Any: vLLM's PlaceholderRange or None (then AttributeError below, a refusal).
+        pos: Any = getattr(feature, "mm_position", None)
         try:
             items.append(MultimodalItem(str(ident or ""), int(pos.offset), int(pos.length)))
         except (AttributeError, TypeError, ValueError) as e:
@@ -92,7 +100,7 @@ def request_keys(request: Any) -> tuple[RequestKeys, Optional[Refusal]]:
     return RequestKeys(cache_salt=salt or None, lora=lora, mm_items=tuple(items)), None
 
 
-def request_view(request: Any, refusal: Optional[Refusal] = None) -> RequestView:
+def request_view(request: Request, refusal: Optional[Refusal] = None) -> RequestView:
     """``refusal``: one that holds for every request (the model's identity
     is unknown, say); the request's own is checked first."""
     keys, own = request_keys(request)
@@ -110,7 +118,9 @@ def request_view(request: Any, refusal: Optional[Refusal] = None) -> RequestView
 # ---- the model's identity -------------------------------------------------
 
 
-def _hf_config_digest(model_config: Any) -> str:
+def _hf_config_digest(model_config: ModelConfig) -> str:
+    # Duck-typed, as model_facts' probes: ModelConfig has hf_config, dtype,
+    # quantization and revision (CacheConfig cache_dtype) on 0.23-0.32.
     cfg = getattr(model_config, "hf_config", None)
     text = None
     if cfg is not None:
@@ -121,7 +131,7 @@ def _hf_config_digest(model_config: Any) -> str:
     return hashlib.sha256((text or "").encode()).hexdigest()[:16]
 
 
-def model_facts(vllm_config: Any, explicit: Optional[str] = None) -> ModelFacts:
+def model_facts(vllm_config: VllmConfig, explicit: Optional[str] = None) -> ModelFacts:
     """What determines this engine's KV besides the tokens: the checkpoint
     (its local directory), its dtype, KV cache dtype, quantization and the
     HF config vLLM built the model from. Nothing that differs between TP

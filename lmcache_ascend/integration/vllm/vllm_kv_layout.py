@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from vllm.v1.kv_cache_interface import KVCacheConfig, UniformTypeKVCacheSpecs
 
@@ -44,7 +44,7 @@ def layout_facts(kv_cache_config: KVCacheConfig) -> LayoutFacts:
                 # One group whose layers differ in compression (vLLM's own
                 # DSv4 groups mix compress-4 and compress-128 layers).
                 ratios.update(layer_ratios)
-    kv_layout = token_row_layout(layout) if (ascend := _ascend_token_row_layout()) is _NOT_ASCEND else ascend
+    kv_layout = token_row_layout(layout) if (ascend := _ascend_token_row_layout()) is None else ascend
     return LayoutFacts(kv_layout=kv_layout, layer_compress_ratio=ratios)
 
 
@@ -69,20 +69,22 @@ def token_row_layout(name: Optional[str]) -> Optional[KVLayout]:
 # only if the VLLM_KV_CACHE_LAYOUT variable is "LBHNC"/"HND": an LBHNC vLLM took
 # from a connector's preference names NHD tensors. Hence: ask the backend.
 _ASCEND_ATTENTION = ("vllm_ascend", "vllm_ascend.attention.attention_v1", "AscendAttentionBackend")
-_NOT_ASCEND = object()
 
 
-# vLLM-Ascend's attention backend module: optional, untyped, imported by name.
-def _ascend_token_row_layout() -> Any:
-    """"NHD"/"HND" as vLLM-Ascend's backend shapes K/V here, or _NOT_ASCEND."""
+def _ascend_token_row_layout() -> Optional[KVLayout]:
+    """"NHD"/"HND" as vLLM-Ascend's backend shapes K/V here, or None where
+    vLLM-Ascend is not loaded (never None otherwise: an answer that is
+    neither raises)."""
     package, name, cls = _ASCEND_ATTENTION
     if (module := sys.modules.get(name)) is None:
         if package not in sys.modules:
-            return _NOT_ASCEND
+            return None
         module = importlib.import_module(name)
     n, t, h, d = 5, 7, 3, 11  # distinct sizes: the answer's axis order is unambiguous
+    # getattr: vLLM-Ascend's backend module is optional and imported by name.
     shape = tuple(getattr(module, cls).get_kv_cache_shape(n, t, h, d))
-    found = {(2, n, t, h, d): "NHD", (2, n, h, t, d): "HND"}.get(shape)
+    layouts: dict[tuple[int, ...], KVLayout] = {(2, n, t, h, d): "NHD", (2, n, h, t, d): "HND"}
+    found = layouts.get(shape)
     if found is None:
         raise ValueError(f"{name}.{cls}.get_kv_cache_shape({n}, {t}, {h}, {d}) gives {shape}: neither NHD "
                          "nor HND K/V, so their rows cannot be addressed")

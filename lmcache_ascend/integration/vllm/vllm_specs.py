@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from vllm.v1.kv_cache_interface import (
@@ -30,6 +30,12 @@ from vllm.v1.kv_cache_interface import (
 )
 
 from lmcache_ascend.planning.groups import CompressorState, GroupKind, SchedulerGroup
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    # Named for readers; mypy skips vLLM's sources, so to it this stays untyped.
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec
 
 
 # vLLM-Ascend defines its spec classes here. In 0.23.0/0.26.0rc1 its
@@ -66,6 +72,8 @@ def _prefix_cacheable(spec: KVCacheSpec) -> bool:
     CircularBufferSpec, AscendIndexerKPoolTailSpec), ``is_circular`` and
     ``participates_in_prefix_caching`` (vLLM-Ascend 0.27.1rc1+'s
     is_prefix_cacheable reads the same). Earlier series: always cacheable."""
+    # is_circular / participates_in_prefix_caching: on no vLLM 0.23-0.32 spec
+    # (vLLM-Ascend's); prefix_cacheable: vLLM 0.29+.
     if getattr(spec, "is_circular", False):
         return False
     return bool(getattr(spec, "prefix_cacheable", True)) and bool(
@@ -98,11 +106,9 @@ def _classify(spec: KVCacheSpec) -> tuple[GroupKind, Optional[int]]:
     return GroupKind.STATE, None
 
 
-# The untyped values below are vLLM's: a spec field only some specs have
-# (vLLM-Ascend's, some vLLM series'), read with a probe and checked here;
-# vLLM-Ascend's optional specs module; vLLM's KV cache group objects (mypy
-# skips vLLM's sources).
-def _ratio_value(value: Any) -> Optional[int]:
+# ``value``: a spec field only some specs have (vLLM-Ascend's, some vLLM
+# series'), read with a probe, of whatever type that spec gives it.
+def _ratio_value(value: object) -> Optional[int]:
     return int(value) if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else None
 
 
@@ -117,11 +123,12 @@ def _compress_ratio(spec: KVCacheSpec) -> int:
     return ratio or 1
 
 
-def _ascend_module() -> Any:
+def _ascend_module() -> Optional[ModuleType]:
     return sys.modules.get(_ASCEND_SPECS_MODULE)
 
 
 def _is_ascend_spec(spec: KVCacheSpec) -> bool:
+    # getattr: the class looked up by name in vLLM-Ascend's module, which is never imported here.
     return type(spec).__module__ == _ASCEND_SPECS_MODULE or (
         (module := _ascend_module()) is not None and getattr(module, type(spec).__name__, None) is type(spec)
     )
@@ -141,6 +148,8 @@ def _counts_rows(spec: KVCacheSpec) -> bool:
 def _spec_refusal(spec: KVCacheSpec) -> Optional[str]:
     """Why a spec's layout cannot be addressed exactly, from what it declares
     (never from the version), or None."""
+    # Probes: the flags are vLLM-Ascend's (above); cache_dtype_str is on vLLM's
+    # MLA specs only (MLAAttentionSpec, SlidingWindowMLASpec; 0.23-0.32).
     for flag, what in _UNCHECKED_SPEC_FLAGS.items():
         if getattr(spec, flag, False):
             return f"{flag}=True: {what} is not supported; valid: {flag}=False"
@@ -149,6 +158,7 @@ def _spec_refusal(spec: KVCacheSpec) -> Optional[str]:
         return f"cache_dtype_str={cache_dtype!r}: TurboQuant KV caches are not supported; use another --kv-cache-dtype"
     # A field at its default 1 declares nothing; the base KVCacheSpec's
     # tokens_per_state (vLLM 0.29+) raises: only attention specs carry it.
+    # compress_ratio: vLLM < 0.29's MLA specs and vLLM-Ascend's DSv4 specs.
     names = ("compress_ratio", "tokens_per_state") if isinstance(spec, AttentionSpec) else ("compress_ratio",)
     declared = {n: v for n in names if (v := _ratio_value(getattr(spec, n, None))) is not None and v > 1}
     if len(set(declared.values())) > 1:
@@ -180,7 +190,7 @@ def _facts(layer: str, spec: KVCacheSpec) -> _SpecFacts:
     why = _spec_refusal(spec)
     if why is not None:
         raise ValueError(f"layer {layer!r} ({type(spec).__name__}): {why}")
-    replicas = getattr(spec, "sfa_dcp_replicated_indexer_size", 1)
+    replicas = getattr(spec, "sfa_dcp_replicated_indexer_size", 1)  # vLLM-Ascend's; no vLLM spec has it
     if replicas != 1:
         # vLLM-Ascend then allocates num_blocks x replicas indexer blocks
         # (model_runner_v1.py, dsa_k_cache_shape); we address one per block id.
@@ -208,6 +218,9 @@ def _page_rows(spec: KVCacheSpec) -> Optional[int]:
     """Rows per block of a vLLM-Ascend MLA spec from its page (rows x heads x
     (head x dtype + scale_dim x scale dtype)); None where that formula does
     not apply (packed SFA-C8, padded page, not an Ascend spec)."""
+    # Probes: cache_sparse_sfa_c8, sparse_head_dim, scale_dim and scale_dtype
+    # are vLLM-Ascend's fields (no vLLM 0.23-0.32 spec has them);
+    # page_size_padded is on vLLM's AttentionSpec and MambaSpec only.
     packed = getattr(spec, "cache_sparse_sfa_c8", False) or getattr(spec, "sparse_head_dim", None)
     padded = getattr(spec, "page_size_padded", None) is not None
     if type(spec).__name__ not in _ROW_COUNTED_SPECS or not _is_ascend_spec(spec) or packed or padded:
@@ -220,7 +233,7 @@ def _page_rows(spec: KVCacheSpec) -> Optional[int]:
     return page // row if row and page % row == 0 else None
 
 
-def _layer_specs(group: Any) -> dict[str, KVCacheSpec]:
+def _layer_specs(group: KVCacheGroupSpec) -> dict[str, KVCacheSpec]:
     """Per-layer specs of a group: a UniformTypeKVCacheSpecs group (every
     DeepSeek-V4 group on vLLM-Ascend, the 0.26 DSA group, and vLLM's own
     DSv4 groups on the worker side) is unwrapped; vLLM's scheduler process
@@ -233,7 +246,7 @@ def _layer_specs(group: Any) -> dict[str, KVCacheSpec]:
     return {name: spec for name in group.layer_names}
 
 
-def _group_facts(idx: int, group: Any, specs: dict[str, KVCacheSpec]) -> tuple[_SpecFacts, KVCacheSpec]:
+def _group_facts(idx: int, group: KVCacheGroupSpec, specs: dict[str, KVCacheSpec]) -> tuple[_SpecFacts, KVCacheSpec]:
     if not specs:
         spec = group.kv_cache_spec
         return _facts(f"<group {idx}>", spec), spec

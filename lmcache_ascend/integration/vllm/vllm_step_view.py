@@ -11,14 +11,14 @@ vllm_engine_config): this runs on every step of the scheduler half
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Iterable, Optional
 
 from vllm.v1.core.sched.output import SchedulerOutput
 
 
 # vLLM's per-group block ids as its SchedulerOutput holds them (a tuple of
-# lists): mypy skips vLLM's sources, so they are untyped here either way.
-def block_ids_of(block_ids: Any) -> tuple[list[int], ...]:
+# lists on 0.23-0.32).
+def block_ids_of(block_ids: Iterable[Iterable[int]]) -> tuple[list[int], ...]:
     """Normalize vLLM's per-group block ids (tuple of lists) to fresh lists."""
     return tuple(list(ids) for ids in block_ids)
 

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from lmcache_ascend.integration.vllm.lookup_ahead import LookupAhead
     from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec
-    from lmcache_ascend.planning.kv_format import LayoutHints
+    from lmcache_ascend.planning.kv_format import LayerEntry, LayoutHints
     from lmcache_ascend.planning.planner import TransferPlan
     from lmcache_ascend.planning.replication import Replication
     from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
@@ -285,7 +285,9 @@ def _lookup_ahead(setup: ConnectorSetup) -> Optional[LookupAhead]:
 
 # kv_caches: vLLM's per-layer KV entries, a tensor or a list of tensor views
 # depending on the attention backend and vLLM release (planning/kv_format.py).
-def build_worker_half(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, Any]) -> WorkerHalf:
+def build_worker_half(
+    vllm_config: VllmConfig, kv_cache_config: KVCacheConfig, kv_caches: Mapping[str, LayerEntry]
+) -> WorkerHalf:
     """Plans transfers for ``kv_caches`` and starts this worker's LMCache
     engine and lookup server (owned by the returned half)."""
     from lmcache_ascend.integration.vllm.parallel import failed_load_vote, store_stripe
@@ -413,7 +415,7 @@ def _with_chunk_source(error: ValueError, setup: ConnectorSetup) -> ValueError:
 
 
 def _worker_state(
-    setup: ConnectorSetup, plan: TransferPlan, kv_caches: Mapping[str, Any]  # as build_worker_half's
+    setup: ConnectorSetup, plan: TransferPlan, kv_caches: Mapping[str, LayerEntry]
 ) -> tuple[StateTransfer, TransferPlan]:
     """The state transfer for this worker's Mamba tensors, and the plan with
     the Mamba groups no longer counted as unrestorable (they are restored by
@@ -518,7 +520,7 @@ def worker_layout_hints(kv_cache_config: KVCacheConfig) -> LayoutHints:
     return LayoutHints(kv_layout=facts.kv_layout, layer_compress_ratio=facts.layer_compress_ratio)
 
 
-def kv_device(kv_caches: Mapping[str, Any]) -> torch.device:  # as build_worker_half's
+def kv_device(kv_caches: Mapping[str, LayerEntry]) -> torch.device:
     for entry in kv_caches.values():
         tensor = entry if isinstance(entry, torch.Tensor) else next(iter(entry))
         return tensor.device
