@@ -70,7 +70,13 @@ def test_sigterm_with_puts_hung_on_a_frozen_pool_exits_in_bound_and_nothing_half
     prompts = reliability_prompts()
     with RedisServer(tmp_path) as redis:
         env = {**os.environ, **redis_engine_env(redis.url), "VLLM_CPU_KVCACHE_SPACE": "1",
-               "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+               "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+               # vLLM 0.32 gives its workers 5 s to exit before a SIGTERM; the
+               # connector's close waits up to 5 s for the hand-off and 5 s
+               # for writes to a pool that does not answer (about 4 s here:
+               # LMCache's Redis client times the put out at 3 s). As the
+               # README advises with a remote pool: more than the close needs.
+               "VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS": "30"}
         port = free_port()
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32", "--enforce-eager",
