@@ -151,7 +151,12 @@ def test_openai_server_metrics_and_request_log(tiny_model, tmp_path, stop):
     # on a signal (mode=abort timeout=0s) and the connector gets no close.
     assert rc == 0, f"exit code {rc} after {STOPS[stop]} (None: still alive after 60 s): " + log[-3000:]
     assert not group_left, f"engine processes still alive 30 s after the server exited on {STOPS[stop]}"
-    assert "mode=drain" in log and "force killing" not in log, log[-3000:]
+    # The connector's close ran to its end in the worker. (On a loaded
+    # machine vLLM 0.30 may force-kill its engine-core process after its own
+    # grace, "force killing remaining process EngineCore", with or without a
+    # connector; the worker still closes: seen in a CI run, so that line is
+    # vLLM's timing, not a test of the connector.)
+    assert "mode=drain" in log, log[-3000:]
     assert re.search(r"LMCacheEngine instance lmcache-ascend-\S+ destroyed", log), log[-3000:]
     lines = re.findall(r"request \S+: hit (\d+) tokens \(vLLM had (\d+)\), loaded (\d+) tokens", log)
     assert [int(x[2]) for x in lines].count(3 * CHUNK) == 1, lines
