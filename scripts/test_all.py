@@ -44,6 +44,20 @@ def say(msg: str) -> None:
     print(f"[test] {msg}", flush=True)
 
 
+def cpu_jiffies() -> Optional[tuple[int, int]]:
+    """(busy, total) jiffies of all cores since boot, from /proc/stat (None
+    where there is none): their difference over the run says how busy the
+    machine kept its cores, i.e. whether less work or a better order would
+    shorten it."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
 @dataclass
 class Job:
     name: str
@@ -86,6 +100,7 @@ def run(opts: argparse.Namespace) -> int:
             stdout=prepare_log, stderr=subprocess.STDOUT, cwd=ROOT))
 
     preparing = next_prepare()
+    cpu_start = cpu_jiffies()
     primary = Job(opts.primary, subprocess.Popen(make("test-primary"), cwd=ROOT))
     primary_rc: Optional[int] = None
     queue = list(opts.compat)  # tested in this order, once prepared
@@ -117,6 +132,7 @@ def run(opts: argparse.Namespace) -> int:
         while queue and queue[0] in prepared and len(running) < limit:
             name = queue.pop(0)
             log = open(LOGS / f"{name}.test.log", "w")
+            say(f"stack {name}: tests start at {minutes(start)}")
             running.append(Job(name, subprocess.Popen(
                 make("test-stack", f"STACK={name}"), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT),
                 log=log))
@@ -137,6 +153,11 @@ def run(opts: argparse.Namespace) -> int:
         at = f", ended at {finished_at[name]}" if name in finished_at else ""
         say(f"{name}: {results.get(name, 'not run')}{at}")
     total_s = time.time() - start
+    cpu_end = cpu_jiffies()
+    if cpu_start is not None and cpu_end is not None and cpu_end[1] > cpu_start[1]:
+        cores = os.cpu_count() or 1
+        busy = (cpu_end[0] - cpu_start[0]) / (cpu_end[1] - cpu_start[1])
+        say(f"cores busy while testing: {busy * cores:.2f} of {cores} on average ({busy:.0%})")
     say(f"total wall time {total_s / 60:.1f} min (setup included); goal {opts.goal_min} min")
     if total_s > opts.goal_min * 60:
         say(f"WARNING: over the {opts.goal_min}-minute goal (a warning, not a failure)")
