@@ -105,11 +105,12 @@ typecheck: venv $(TYPECHECK_STAMP)
 # Every stack, even when one fails; the exit status says whether all passed.
 # scripts/test_all.py schedules them: the compatibility stacks are installed
 # and built in the background while the primary suite runs, and tested beside
-# it (COMPAT_BESIDE at a time; an engine test keeps 2 cores about half busy,
-# and with one stack beside it the cores were busy 85% of the run of d03564d),
+# it (COMPAT_BESIDE at a time; an engine test keeps 2 cores about half busy),
 # then COMPAT_JOBS at a time once it has ended, each into its own log,
-# printed when all are done.
-COMPAT_BESIDE ?= 2
+# printed when all are done. Two stacks beside the primary overloaded a
+# 2-core machine (load average 4.5; vllm-0.26 took 28.6 min instead of 19,
+# the primary suite had run 5% of its tests after 43 min): one it is.
+COMPAT_BESIDE ?= 1
 test: system-deps build typecheck
 	@$(PYTHON) scripts/test_all.py --primary $(PRIMARY_STACK) --compat $(COMPAT_STACKS) \
 	  --beside $(COMPAT_BESIDE) --jobs $(COMPAT_JOBS) --goal-min $(TEST_GOAL_MIN) --start $(MAKE_START)
