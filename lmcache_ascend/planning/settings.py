@@ -125,20 +125,21 @@ def _to_text(key: str, what: str, max_chars: int, echo: bool) -> Callable[[Any],
     return convert
 
 
-ASYNC_LOOKUP_MODES = ("auto", "on", "off")
+AUTO_ON_OFF = ("auto", "on", "off")
+ASYNC_LOOKUP_MODES = AUTO_ON_OFF
 
 
-def _to_async_lookup(key: str) -> Callable[[Any], str]:
+def _to_auto_on_off(key: str) -> Callable[[Any], str]:
     """``auto`` / ``on`` / ``off``; a boolean word means on or off."""
 
     def convert(value: Any) -> str:
         text = str(value).strip().lower() if value is not None else "auto"
-        if text in ASYNC_LOOKUP_MODES:
+        if text in AUTO_ON_OFF:
             return text
         parsed = parse_bool(value)
         if parsed is None:
             raise ConfigValueError(
-                f"config key {key!r}: invalid value {value!r}; valid: {', '.join(ASYNC_LOOKUP_MODES)} "
+                f"config key {key!r}: invalid value {value!r}; valid: {', '.join(AUTO_ON_OFF)} "
                 f"(or {BOOL_WORDS_TEXT})"
             )
         return "on" if parsed else "off"
@@ -257,11 +258,21 @@ KEYS: tuple[KeySpec, ...] = (
         "ascend_async_lookup",
         str,
         "auto",
-        _to_async_lookup("ascend_async_lookup"),
+        _to_auto_on_off("ascend_async_lookup"),
         "Look requests up beside vLLM's steps: the scheduler answers 'not yet' (None) while a "
         "lookup runs on a thread of its own, and keeps scheduling the other requests. auto: on "
         "when LMCache has a disk or remote store (where a lookup fetches and verifies chunks), "
         "off for the local CPU cache alone; on; off (every lookup inside the step).",
+    ),
+    KeySpec(
+        "ascend_layerwise_load",
+        str,
+        "auto",
+        _to_auto_on_off("ascend_layerwise_load"),
+        "Copy a hit's chunks into vLLM's KV cache layer by layer on a thread while the forward "
+        "computes the layers before (vLLM's wait_for_layer_load), instead of all of them before the "
+        "forward. Only for chunks a lookup staged, KV on the CPU. auto: off (measured not to pay on a "
+        "2-core vLLM-CPU, docs/benchmarks.md); on; off.",
     ),
     KeySpec(
         "ascend_pool_secret_file",
@@ -298,6 +309,7 @@ class AscendConfig:
     model_identity: str = ""
     require_remote: bool = False
     async_lookup: str = "auto"
+    layerwise_load: str = "auto"
     pool_secret_file: str = ""
     plan_file: str = ""
 

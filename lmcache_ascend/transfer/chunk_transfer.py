@@ -112,6 +112,14 @@ class LoadResult:
 
 
 @dataclass(frozen=True)
+class LayerLoad:
+    """A chunk buffer and its slot lists per kernel group (``prepare_layers``)."""
+
+    chunk: torch.Tensor
+    slots: tuple[torch.Tensor, ...]
+
+
+@dataclass(frozen=True)
 class _KernelCall:
     """Per kernel group tensors that do not change from chunk to chunk."""
 
@@ -436,6 +444,67 @@ class ChunkTransfer:
             calls += 1
         self.op_calls += calls
         return calls
+
+    @property
+    def layerwise_capable(self) -> bool:
+        """Whether ``load_layers`` may run here: the direct CPU path, whose
+        copies are synchronous. Off the CPU a load stages the whole chunk on
+        the device and waits for the stream once per chunk (see ``_run``)."""
+        return self._wait is None
+
+    def prepare_layers(self, chunk: torch.Tensor, req: ChunkRequest) -> "LayerLoad":
+        """One chunk's addressing for ``run_layers``, computed once however
+        many layer ranges are copied from it."""
+        if not self.layerwise_capable:
+            raise RuntimeError("layer-by-layer loads run on the direct CPU path only (KV on the CPU, no staging)")
+        _check_chunk(chunk, self.plan.chunk_bytes)
+        addrs = self._addresses(req)
+        slots = []
+        for call in self._calls:
+            if len(call.keys) == 1:
+                ids = addrs[call.keys[0]].ids
+            else:
+                ids = np.concatenate([addrs[k].ids for k in call.keys])
+            slots.append(torch.from_numpy(ids))
+        return LayerLoad(chunk, tuple(slots))
+
+    def run_layers(self, load: "LayerLoad", spans: Mapping[int, Sequence[tuple[int, int]]]) -> int:
+        """Chunk buffer -> paged KV for some entries only: per kernel group
+        (its position in ``plan.kernel_groups``), entry ranges [first, end).
+        The entries' bytes are a contiguous slice of the group's region
+        (layer-major), and their planes' pointers a contiguous slice of the
+        group's table, so one op call moves a range. Returns the op calls."""
+        ops = self.ops
+        calls = 0
+        for position, ranges in spans.items():
+            call = self._calls[position]
+            kg = call.group
+            entry_bytes = kg.nbytes // kg.num_layers
+            planes = kg.num_planes if kg.op is KernelOp.MULTI_PLANE else 1
+            slots = load.slots[position]
+            for first, end in ranges:
+                if not 0 <= first < end <= kg.num_layers:
+                    raise ValueError(f"kernel group {kg.index}: entries [{first}, {end}) outside [0, {kg.num_layers})")
+                lo = kg.offset + first * entry_bytes
+                region = load.chunk[lo : lo + (end - first) * entry_bytes]
+                ptrs = call.ptrs[first * planes : end * planes]
+                if kg.op is KernelOp.BLOCK_PAGE:
+                    p = kg.planes[0][0]
+                    ops.block_page_transfer(region, ptrs, p.row_bytes, p.block_stride_bytes, p.num_blocks, slots, False)
+                else:
+                    ops.multi_plane_kv_transfer(
+                        region, ptrs, call.block_sizes, call.strides, call.row_bytes,
+                        call.num_blocks, slots, call.slot_offsets, False, end - first,
+                    )
+                calls += 1
+        self.op_calls += calls
+        return calls
+
+    def load_layers(
+        self, chunk: torch.Tensor, req: ChunkRequest, spans: Mapping[int, Sequence[tuple[int, int]]]
+    ) -> int:
+        """``prepare_layers`` then ``run_layers``, for one range set."""
+        return self.run_layers(self.prepare_layers(chunk, req), spans)
 
     def store(self, chunk: torch.Tensor, req: ChunkRequest) -> StoreResult:
         """Paged KV -> chunk buffer. Copies nothing if any stored group lacks

@@ -59,8 +59,13 @@ def check_outputs(with_conn, without) -> None:
 # connector's scheduler and worker halves in two processes, its step
 # metadata (all six groups' blocks) pickled between them. The others run
 # in-process, as most engine tests do (the same connector code, one process
-# start instead of three).
-@pytest.mark.parametrize("name,env", [("llama", {}), ("gemma2", {}),
+# start instead of three). Gemma-2 (full and sliding groups interleaved)
+# copies its hits layer by layer beside the forward (ascend_layerwise_load,
+# off by default): the same outputs, from the same engine runs.
+LAYERWISE = {"LMCACHE_ASCEND_LAYERWISE_LOAD": "on"}
+
+
+@pytest.mark.parametrize("name,env", [("llama", {}), ("gemma2", LAYERWISE),
                                       pytest.param("gemma3", MULTIPROCESS, marks=pytest.mark.compat(
         "torch", "lmcache", "connector_hooks", "kv_layout_source", "hash_block_size", "stats_need_worker_stats"))],
                          ids=["llama", "gemma2", "gemma3"])
@@ -91,6 +96,12 @@ def test_attention_models_hit_and_match(run_engine, tiny_model, name, env):
     assert re.search(r"stored [1-9]\d* tokens", log)
     # No chunk_size configured: chunks as fine as vLLM-CPU's 128-token blocks.
     assert "chunk_size not set; using 128 tokens" in log
+    if env is LAYERWISE:
+        # The hits of the warm, shared-prefix and batch phases were copied
+        # beside the forward (the first forward taught which layers wait).
+        assert "copied layer by layer beside the forward" in log
+        assert "layer-by-layer loads on: vLLM waits on 4 layer(s)" in log, log[-3000:]
+        assert with_conn[-1].counters.get("layerwise_loads", 0) >= 3, with_conn[-1].counters
 
 
 @pytest.mark.compat("torch", "lmcache", "connector_hooks", "kv_layout_source", "hash_block_size", "prefix_match_unit",

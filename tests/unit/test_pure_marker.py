@@ -1,7 +1,7 @@
-"""The ``pure`` marker is true: a stack that shares the primary stack's torch
-skips the modules carrying it (Makefile, COMPAT_TESTS_vllm-0.27/0.29/0.30),
-which is only sound if importing them loads neither vLLM nor LMCache, the
-only things such a stack changes."""
+"""The ``pure`` marker is true: a stack whose torch an earlier stack already
+ran skips the modules carrying it (Makefile, SAME_TORCH_TESTS: vllm-0.23,
+0.27, 0.29, 0.30), which is only sound if importing them loads neither vLLM
+nor LMCache, the only things such a stack changes."""
 
 from __future__ import annotations
 

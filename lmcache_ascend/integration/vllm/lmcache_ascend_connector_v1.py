@@ -153,7 +153,8 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         self._worker.release(step)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return
+        if self._worker is not None:
+            self._worker.wait_layer(layer_name)
 
     def save_kv_layer(
         self,
@@ -165,8 +166,11 @@ class LMCacheAscendConnectorV1Dynamic(KVConnectorBase_V1, SupportsHMA):
         return
 
     def wait_for_save(self) -> None:
+        if self._worker is None:
+            return
         step = self._step()
-        if step is None or self._worker is None or not self._may_store:
+        if step is None or not self._may_store:
+            self._worker.finish_loads()  # save() does it otherwise
             return
         self._worker.save(step)
 

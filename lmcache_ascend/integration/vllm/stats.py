@@ -79,6 +79,8 @@ class WorkerCounters(_Counters):
     backend_failures: int = 0
     remote_unavailable: int = 0
     stores_dropped_after_load_error: int = 0
+    layerwise_loads: int = 0
+    layerwise_stall_seconds: float = 0.0
 
 
 COUNTER_NAMES = tuple(f.name for c in (SchedulerCounters, WorkerCounters) for f in fields(c))
@@ -145,6 +147,9 @@ _DOCS = {
     "reconnection attempt (every 10 s) until it is back; the engine serves from its local cache meanwhile.",
     "stores_dropped_after_load_error": "Request stores not made because a load for the request failed in the "
     "same step on some rank (what the step computed is recomputed by vLLM).",
+    "layerwise_loads": "Steps whose staged chunks were copied into vLLM's KV cache layer by layer beside the "
+    "forward (ascend_layerwise_load).",
+    "layerwise_stall_seconds": "Seconds vLLM's forward waited in wait_for_layer_load for a layer's copy.",
     "backend_failures": "Failed operations of a remote store (Mooncake lookups, puts, gets; remote put hand-offs "
     "that raised); served as misses.",
 }

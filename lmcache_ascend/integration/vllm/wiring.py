@@ -290,6 +290,7 @@ def build_worker_half(
 ) -> WorkerHalf:
     """Plans transfers for ``kv_caches`` and starts this worker's LMCache
     engine and lookup server (owned by the returned half)."""
+    from lmcache_ascend.integration.vllm.layerwise import build_loader
     from lmcache_ascend.integration.vllm.parallel import failed_load_vote, store_stripe
     from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector
     from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import WorkerEngine, checksums_enabled
@@ -308,6 +309,7 @@ def build_worker_half(
     if setup.snapshot is not None and setup.state_gate is not None:
         state, plan = _worker_state(setup, plan, kv_caches)
     transfer = ChunkTransfer(plan, kv_device=kv_device(kv_caches), kv_caches=kv_caches)
+    layerwise = build_loader(setup.ascend_config.layerwise_load, plan, transfer)  # before the engine starts
     connector = PagedChunkConnector(
         plan.chunk_bytes,
         setup.chunk_size,
@@ -323,6 +325,7 @@ def build_worker_half(
     half = WorkerHalf(
         setup.groups, setup.chunk_size, engine, transfer, plan, setup.agreement, state=state,
         stripe=stripe, vote_failed_loads=failed_load_vote(vllm_config),
+        layerwise=layerwise,
     )
     text = plan_text(setup.groups, plan, setup.state_gate, setup.snapshot) + "\n" + rep.describe(
         dict(plan.group_bytes()), shared=bool(setup.lmcache_config.remote_url))

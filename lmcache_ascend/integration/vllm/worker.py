@@ -7,17 +7,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional, Sequence, cast
+from typing import TYPE_CHECKING, Iterable, Optional, Sequence, cast
 
 import torch
 
+from lmcache_ascend.integration.vllm.layerwise import LayerwiseCounters, LayerwiseLoader
 from lmcache_ascend.integration.vllm.seams import ChunkMover, ChunkPlan, FailedLoadVote, StateMover, WorkerEngineSeam
 from lmcache_ascend.integration.vllm.stats import WorkerCounters
-from lmcache_ascend.integration.vllm.transfer_meta import RequestTransfer, StateLoad, StateStore, StepTransfers
-from lmcache_ascend.lmcache_bridge.engine.chunk_io import TransferContext
+from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, RequestTransfer, StateLoad, StateStore, StepTransfers
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import DeferredChunk, TransferContext
 from lmcache_ascend.planning.agreement import HalfAgreement, HalvesDisagree
 from lmcache_ascend.planning.groups import NULL_BLOCK_ID, ChunkRequest, SchedulerGroup
 from lmcache_ascend.planning.store_runs import StripePart, chunk_starts, complete_runs, stripe_runs
+
+if TYPE_CHECKING:
+    from lmcache_ascend.lmcache_bridge.integrity.staging import Claim
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +94,7 @@ class WorkerHalf:
         state: Optional[StateMover] = None,
         stripe: Optional[StripePart] = None,
         vote_failed_loads: Optional[FailedLoadVote] = None,
+        layerwise: Optional[LayerwiseLoader] = None,
     ) -> None:
         """``state``: a ``StateTransfer`` when Mamba state hits are on.
 
@@ -100,7 +105,10 @@ class WorkerHalf:
         the union over the TP ranks of the requests whose load failed in
         this step. One rank's missing KV reaches every rank's new KV through
         the layers' all-reduce, so every rank must drop those requests'
-        stores."""
+        stores.
+
+        ``layerwise`` (``ascend_layerwise_load``): staged chunks are copied
+        layer by layer beside the forward; ``finish_loads`` ends them."""
         self.groups = tuple(groups)
         self.state = state
         self.chunk_size = chunk_size
@@ -120,6 +128,10 @@ class WorkerHalf:
         # Stored bytes per chunk per scheduler group, for per-group logs.
         self.group_bytes = dict(plan.group_bytes())
         self._records: dict[str, RequestRecord] = {}
+        self.layerwise = layerwise
+        # Claims whose chunks the layer-by-layer copy still reads, with what
+        # a failure of that copy needs to report.
+        self._pending: list[tuple[RequestTransfer, LoadSpec, Claim]] = []
 
     def _record(self, req_id: str) -> RequestRecord:
         rec = self._records.get(req_id)
@@ -150,6 +162,7 @@ class WorkerHalf:
         for req_id, rec in list(self._records.items()):
             self._log_record(req_id, rec, " (logged at shutdown)")
         self._records.clear()
+        self.finish_loads()
         self.engine.close()
 
     def check_agreement(self, step: StepTransfers) -> None:
@@ -170,11 +183,45 @@ class WorkerHalf:
     def start_load(self, step: StepTransfers) -> None:
         self.check_agreement(step)
         self._failed_loads = set()
+        deferred: Optional[list[DeferredChunk]] = [] if self.layerwise is not None and self.layerwise.ready else None
         for req in step.requests:
             if req.load is not None:
-                self._load_one(req)
+                self._load_one(req, deferred)
+        if deferred and self.layerwise is not None:
+            self.layerwise.begin(deferred)
 
-    def _load_one(self, req: RequestTransfer) -> None:
+    def wait_layer(self, layer_name: str) -> None:
+        if self.layerwise is not None:
+            self.layerwise.wait(layer_name)
+
+    def finish_loads(self) -> None:
+        """Ends this step's layer-by-layer copies (a no-op without them):
+        before anything reads the step's KV to store it or reports load
+        errors. Each call ends the step's copies once."""
+        if self.layerwise is None:
+            return
+        failed = self.layerwise.finish()
+        counts, self.layerwise.counters = self.layerwise.counters, LayerwiseCounters()
+        self.stats.layerwise_loads += counts.pipelined_steps
+        self.stats.layerwise_stall_seconds += counts.stall_seconds
+        pending, self._pending = self._pending, []
+        for req, spec, claim in pending:
+            try:
+                self.engine.release_claim(claim)
+            except Exception:  # noqa: BLE001
+                logger.exception("lmcache-ascend: releasing the chunks staged for %s failed", req.req_id)
+            if req.req_id in failed:
+                lost_from = max(failed[req.req_id], spec.skip_tokens)
+                lost = spec.hit_tokens - lost_from
+                self.stats.loaded_tokens -= lost
+                self.stats.loaded_bytes -= -(-lost // self.chunk_size) * self.chunk_bytes
+                rec = self._record(req.req_id)
+                rec.loaded_tokens -= lost
+                if spec.state is not None and rec.state_loaded:
+                    rec.state_loaded = 0
+                self._report_short_load(req, spec, lost_from, rec)
+
+    def _load_one(self, req: RequestTransfer, deferred: Optional[list[DeferredChunk]] = None) -> None:
         assert req.load is not None
         spec = req.load
         lookup_id = spec.lookup_id or req.req_id
@@ -202,7 +249,9 @@ class WorkerHalf:
             req_id=req.req_id,
             block_ids=mask_prefix_blocks(self.groups, req.block_ids, spec.skip_tokens),
             state=state,
+            deferred=deferred,
         )
+        deferred_before = len(deferred) if deferred is not None else 0
         t0 = time.perf_counter()
         loaded_end = skip_aligned
         claim = None
@@ -242,7 +291,12 @@ class WorkerHalf:
         finally:
             try:
                 if claim is not None:
-                    self.engine.release_claim(claim)
+                    if deferred is not None and len(deferred) > deferred_before:
+                        # The layer-by-layer copy reads these buffers until
+                        # finish_loads releases them.
+                        self._pending.append((req, spec, claim))
+                    else:
+                        self.engine.release_claim(claim)
                 self.engine.unpin(lookup_id)
             except Exception:  # noqa: BLE001
                 logger.exception("lmcache-ascend: unpinning %s failed", lookup_id)
@@ -262,23 +316,7 @@ class WorkerHalf:
             rec.state_loaded = spec.hit_tokens
             self.stats.loaded_bytes += mover.snapshot_bytes
         if loaded_end < spec.hit_tokens:
-            bad = blocks_for_range(
-                self.groups, req.block_ids, max(loaded_end, spec.skip_tokens), spec.hit_tokens
-            )
-            if spec.state is not None:
-                bad |= {b for _, b in spec.state.hit_blocks + spec.state.running_blocks if b != NULL_BLOCK_ID}
-            self._load_errors |= bad
-            self._failed_loads.add(req.req_id)
-            self.stats.load_errors += 1
-            rec.load_error = True
-            logger.warning(
-                "lmcache-ascend: request %s: loaded %d of %d hit tokens; %d block(s) "
-                "reported for recomputation",
-                req.req_id,
-                loaded_end - spec.skip_tokens if loaded_end > spec.skip_tokens else 0,
-                spec.hit_tokens - spec.skip_tokens,
-                len(bad),
-            )
+            self._report_short_load(req, spec, loaded_end, rec)
         logger.debug(
             "lmcache-ascend: request %s load: hit %d tokens (vLLM had %d), loaded %d "
             "tokens in %.4f s",
@@ -287,6 +325,25 @@ class WorkerHalf:
             spec.skip_tokens,
             loaded,
             dt,
+        )
+
+    def _report_short_load(self, req: RequestTransfer, spec: LoadSpec, loaded_end: int, rec: RequestRecord) -> None:
+        """The KV from ``loaded_end`` to the hit's end is not in place: its
+        blocks (and the Mamba state's) go to vLLM for recomputation."""
+        bad = blocks_for_range(self.groups, req.block_ids, max(loaded_end, spec.skip_tokens), spec.hit_tokens)
+        if spec.state is not None:
+            bad |= {b for _, b in spec.state.hit_blocks + spec.state.running_blocks if b != NULL_BLOCK_ID}
+        self._load_errors |= bad
+        self._failed_loads.add(req.req_id)
+        self.stats.load_errors += 1
+        rec.load_error = True
+        logger.warning(
+            "lmcache-ascend: request %s: loaded %d of %d hit tokens; %d block(s) "
+            "reported for recomputation",
+            req.req_id,
+            loaded_end - spec.skip_tokens if loaded_end > spec.skip_tokens else 0,
+            spec.hit_tokens - spec.skip_tokens,
+            len(bad),
         )
 
     def _unstaged_load(self, req_id: str, lookup_id: str) -> None:
@@ -304,6 +361,7 @@ class WorkerHalf:
             )
 
     def take_load_errors(self) -> set[int]:
+        self.finish_loads()
         errors, self._load_errors = self._load_errors, set()
         return errors
 
@@ -323,6 +381,7 @@ class WorkerHalf:
         return failed
 
     def save(self, step: StepTransfers) -> None:
+        self.finish_loads()
         self.check_agreement(step)
         failed = self._failed_this_step(step)
         stored: list[str] = []

@@ -111,6 +111,18 @@ class StatePieces(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
+class DeferredChunk:
+    """A verified chunk whose copy into vLLM's KV cache runs later, layer by
+    layer (integration/vllm/layerwise.py); the claim that staged it holds
+    its buffer until then."""
+
+    req_id: str
+    start: int
+    buf: torch.Tensor
+    request: ChunkRequest
+
+
+@dataclasses.dataclass(frozen=True)
 class TransferContext:
     """Per-request data the LMCache engine passes through to our connector
     (``retrieve``/``store`` keyword ``lmcache_ascend_ctx``), and the outcome
@@ -128,6 +140,10 @@ class TransferContext:
     # The chunks were verified when the lookup staged them (integrity/staging.py):
     # their checksums are not computed a second time.
     verified: bool = False
+    # Where a verified load puts its KV chunks instead of copying them now
+    # (layer-by-layer loads); None: copy now. Chunks LMCache retrieves are
+    # always copied now: LMCache frees their buffers when the call returns.
+    deferred: Optional[list[DeferredChunk]] = None
 
     def state_piece(self, start: int, chunk_size: int) -> Optional[int]:
         """Index of the state piece at token ``start``, or None for a KV chunk."""
@@ -400,7 +416,10 @@ class PagedChunkConnector(GPUConnectorInterface):  # type: ignore[misc,valid-typ
                     ctx.state.load_piece(buf[: self.chunk_bytes], piece)
                     outcome.state_pieces += 1
                     continue
-                self._load(buf, ChunkRequest(start, end, ctx.block_ids))
+                if ctx.verified and ctx.deferred is not None:
+                    ctx.deferred.append(DeferredChunk(ctx.req_id, start, buf, ChunkRequest(start, end, ctx.block_ids)))
+                else:
+                    self._load(buf, ChunkRequest(start, end, ctx.block_ids))
             except ChunkCorrupted as exc:
                 outcome.checksum_failures += 1
                 outcome.fail(start)
