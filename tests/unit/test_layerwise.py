@@ -5,7 +5,6 @@ reported to vLLM)."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 from types import SimpleNamespace
@@ -18,13 +17,12 @@ from lmcache_ascend.integration.vllm.layerwise import LayerwiseLoader, build_loa
 from lmcache_ascend.integration.vllm.transfer_meta import LoadSpec, RequestTransfer, StepTransfers
 from lmcache_ascend.integration.vllm.worker import WorkerHalf
 from lmcache_ascend.lmcache_bridge.engine.chunk_io import DeferredChunk
-from lmcache_ascend.lmcache_bridge.engine.step_puts import Handoff
-from lmcache_ascend.lmcache_bridge.integrity.staging import StagingCounts
 from lmcache_ascend.planning.groups import ChunkRequest
 from lmcache_ascend.planning.layer_stages import LayerStages, model_layer_index
 from lmcache_ascend.planning.settings import ConfigValueError
 from lmcache_ascend.transfer.chunk_transfer import ChunkTransfer
 
+from test_halves import _Engine
 from test_layer_stages import CHUNK, GROUPS, TABLES, _flat, _name, _setup
 
 ATTENTION = [_name(i) for i in range(6)]  # what vLLM waits on (not the indexer)
@@ -191,13 +189,13 @@ def test_build_loader_modes(ops, caplog, monkeypatch):
 # ---- the worker half ---------------------------------------------------------
 
 
-class _ClaimEngine:
-    """What the worker half calls of its engine, with one staged claim per
-    lookup: load_claim defers its chunks as chunk_io's connector does."""
+class _ClaimEngine(_Engine):
+    """test_halves' engine stand-in, with one staged claim per lookup:
+    load_claim defers its chunks as chunk_io's connector does."""
 
     def __init__(self, bufs):
+        super().__init__(None, [])
         self.bufs = bufs
-        self.released: list[str] = []
         self.events: list[str] = []
 
     def claim(self, lookup_id):
@@ -215,18 +213,6 @@ class _ClaimEngine:
 
     def unpin(self, lookup_id):
         self.events.append(f"unpin {lookup_id}")
-
-    def take_counts(self):
-        return StagingCounts()
-
-    def backend_failures(self):
-        return 0
-
-    def remote_unavailable(self):
-        return 0
-
-    def step(self):
-        return contextlib.nullcontext(Handoff())
 
 
 def _step(hit):
