@@ -73,7 +73,7 @@ system-deps: venv
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null || exit 1; fi
 	@$(PY) -c "import mooncake.store" 2>/dev/null || { \
 	  echo "[setup] installing $(MOONCAKE_WHEEL) into $(VENV)"; \
-	  $(PY) -m pip install -q --no-compile --disable-pip-version-check $(MOONCAKE_WHEEL); }
+	  $(PY) -m pip install -q --disable-pip-version-check $(MOONCAKE_WHEEL); }
 
 venv:
 	@$(STACKS) overlay $(PRIMARY_STACK) $(VENV) >/dev/null
@@ -95,7 +95,7 @@ TYPECHECK_REQS := requirements/typecheck.txt
 TYPECHECK_STAMP := $(VENV)/.lmcache-ascend-typecheck-tools
 $(TYPECHECK_STAMP): $(TYPECHECK_REQS) | venv
 	@echo "[setup] installing $$(grep -v '^#' $(TYPECHECK_REQS) | xargs) into $(VENV)"
-	@$(PY) -m pip install -q --no-compile --disable-pip-version-check -r $(TYPECHECK_REQS)
+	@$(PY) -m pip install -q --disable-pip-version-check -r $(TYPECHECK_REQS)
 	@touch $@
 
 typecheck: venv $(TYPECHECK_STAMP)

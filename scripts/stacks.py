@@ -112,11 +112,6 @@ def _pinned_torch(req: Path) -> str | None:
 
 
 def _pip(venv: Path, *args: str) -> None:
-    if args and args[0] == "install":
-        # pip byte-compiles every module it installs: about 2 ms of CPU per
-        # file, 120k files for the eight stacks (torch alone: 14.8 s with,
-        # 4.5 s without). Python compiles what is imported, once, on first use.
-        args = ("install", "--no-compile", *args[1:])
     cmd = [str(venv / "bin" / "python"), "-m", "pip", "--disable-pip-version-check", *args]
     log(" ".join(cmd[2:]))
     subprocess.run(cmd, check=True)
