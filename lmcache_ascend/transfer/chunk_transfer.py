@@ -132,6 +132,28 @@ class _KernelCall:
     num_blocks: torch.Tensor
     slot_offsets: torch.Tensor  # int64 [P+1]
 
+    def slot_ids(self, addrs: Sequence[GroupAddress]) -> Int64Array:
+        """This group's slot list for one chunk: its planes' addressings in order."""
+        if len(self.keys) == 1:
+            return addrs[self.keys[0]].ids
+        return np.concatenate([addrs[k].ids for k in self.keys])
+
+    def run(
+        self, ops: TransferOps, region: torch.Tensor, ptrs: torch.Tensor, slots: torch.Tensor,
+        to_chunk: bool, num_layers: int,
+    ) -> None:
+        """One op call over ``num_layers`` entries: ``region`` and ``ptrs``
+        are the whole group's or a slice of its entries (layer-major)."""
+        kg = self.group
+        if kg.op is KernelOp.BLOCK_PAGE:
+            p = kg.planes[0][0]
+            ops.block_page_transfer(region, ptrs, p.row_bytes, p.block_stride_bytes, p.num_blocks, slots, to_chunk)
+        else:
+            ops.multi_plane_kv_transfer(
+                region, ptrs, self.block_sizes, self.strides, self.row_bytes,
+                self.num_blocks, slots, self.slot_offsets, to_chunk, num_layers,
+            )
+
     @classmethod
     def build(cls, kg: KernelGroup, key_index: dict[PlaneAddressing, int]) -> "_KernelCall":
         first = kg.planes[0]
@@ -421,26 +443,14 @@ class ChunkTransfer:
         for call in self._calls:
             kg = call.group
             region = chunk[kg.offset : kg.offset + kg.nbytes]
-            if len(call.keys) == 1:
-                ids = addrs[call.keys[0]].ids
-            else:
-                ids = np.concatenate([addrs[k].ids for k in call.keys])
+            ids = call.slot_ids(addrs)
             if to_chunk and ids.min(initial=0) < 0:
                 region.zero_()  # rows nobody writes must not carry stale bytes
             slots = torch.from_numpy(ids)
             if on_device:
                 sources.append(slots)  # the async upload reads it (ids may be a temporary)
                 slots = slots.to(chunk.device, non_blocking=True)
-            if kg.op is KernelOp.BLOCK_PAGE:
-                p = kg.planes[0][0]
-                ops.block_page_transfer(
-                    region, call.ptrs, p.row_bytes, p.block_stride_bytes, p.num_blocks, slots, to_chunk
-                )
-            else:
-                ops.multi_plane_kv_transfer(
-                    region, call.ptrs, call.block_sizes, call.strides, call.row_bytes,
-                    call.num_blocks, slots, call.slot_offsets, to_chunk, kg.num_layers,
-                )
+            call.run(ops, region, call.ptrs, slots, to_chunk, kg.num_layers)
             calls += 1
         self.op_calls += calls
         return calls
@@ -459,14 +469,7 @@ class ChunkTransfer:
             raise RuntimeError("layer-by-layer loads run on the direct CPU path only (KV on the CPU, no staging)")
         _check_chunk(chunk, self.plan.chunk_bytes)
         addrs = self._addresses(req)
-        slots = []
-        for call in self._calls:
-            if len(call.keys) == 1:
-                ids = addrs[call.keys[0]].ids
-            else:
-                ids = np.concatenate([addrs[k].ids for k in call.keys])
-            slots.append(torch.from_numpy(ids))
-        return LayerLoad(chunk, tuple(slots))
+        return LayerLoad(chunk, tuple(torch.from_numpy(call.slot_ids(addrs)) for call in self._calls))
 
     def run_layers(self, load: "LayerLoad", spans: Mapping[int, Sequence[tuple[int, int]]]) -> int:
         """Chunk buffer -> paged KV for some entries only: per kernel group
@@ -481,21 +484,12 @@ class ChunkTransfer:
             kg = call.group
             entry_bytes = kg.nbytes // kg.num_layers
             planes = kg.num_planes if kg.op is KernelOp.MULTI_PLANE else 1
-            slots = load.slots[position]
             for first, end in ranges:
                 if not 0 <= first < end <= kg.num_layers:
                     raise ValueError(f"kernel group {kg.index}: entries [{first}, {end}) outside [0, {kg.num_layers})")
                 lo = kg.offset + first * entry_bytes
                 region = load.chunk[lo : lo + (end - first) * entry_bytes]
-                ptrs = call.ptrs[first * planes : end * planes]
-                if kg.op is KernelOp.BLOCK_PAGE:
-                    p = kg.planes[0][0]
-                    ops.block_page_transfer(region, ptrs, p.row_bytes, p.block_stride_bytes, p.num_blocks, slots, False)
-                else:
-                    ops.multi_plane_kv_transfer(
-                        region, ptrs, call.block_sizes, call.strides, call.row_bytes,
-                        call.num_blocks, slots, call.slot_offsets, False, end - first,
-                    )
+                call.run(ops, region, call.ptrs[first * planes : end * planes], load.slots[position], False, end - first)
                 calls += 1
         self.op_calls += calls
         return calls
