@@ -46,6 +46,9 @@ FACTS: Mapping[str, str] = {
     "request_key_fields": "Request fields the chunk key reads (vllm_keys.request_key_parts)",
     "lmcache_connector_v1": "methods vLLM's own LMCacheConnectorV1 defines (the adapter route's shim)",
     "stats_need_worker_stats": "compat.VllmFeatures.scheduler_stats_need_worker_stats",
+    "none_hash_seed": "vLLM seeds NONE_HASH with a fixed string when PYTHONHASHSEED is unset "
+                      "(kv_cache_utils.DEFAULT_NONE_HASH_SEED; else os.urandom per process): what "
+                      "lmcache_engine.pin_init_hash makes every process agree on",
 }
 
 _HOOKS_ALL = ("build_connector_meta,build_kv_connector_stats,build_prom_metrics,get_block_ids_with_load_errors,"
@@ -61,23 +64,24 @@ _LMCACHE_V1 = "bind_connector_metadata," + _LMCACHE_V1_OLD
 
 
 def _row(vllm, torch, lmcache, hooks, layout, hash_block, match_unit, watermark, state_copy, checkpoint,
-         stats, v1=_LMCACHE_V1, key_fields="cache_salt,lora_request,mm_features,prompt_embeds"):
+         stats, seed, v1=_LMCACHE_V1, key_fields="cache_salt,lora_request,mm_features,prompt_embeds"):
     return {"vllm": vllm, "python": "3.11", "torch": torch, "lmcache": lmcache, "connector_hooks": hooks,
             "kv_layout_source": layout, "hash_block_size": hash_block, "prefix_match_unit": match_unit,
             "admission_watermark": watermark, "state_copy": state_copy, "checkpoint_blocks": checkpoint,
-            "request_key_fields": key_fields, "lmcache_connector_v1": v1, "stats_need_worker_stats": stats}
+            "request_key_fields": key_fields, "lmcache_connector_v1": v1, "stats_need_worker_stats": stats,
+            "none_hash_seed": seed}
 
 
 # Filled from probe() on each stack; checked against it by test_stack_facts.
 TABLE: Mapping[str, Mapping[str, str]] = {
-    "vllm-0.32": _row("0.32", "2.13", "0.5.6", _HOOKS_ALL, "config", "yes", "yes", "yes", "yes", "yes", "no"),
-    "vllm-0.26": _row("0.26", "2.11", "0.5.6", _HOOKS_OLD, "backend", "no", "yes", "yes", "yes", "no", "no",
+    "vllm-0.32": _row("0.32", "2.13", "0.5.6", _HOOKS_ALL, "config", "yes", "yes", "yes", "yes", "yes", "no", "yes"),
+    "vllm-0.26": _row("0.26", "2.11", "0.5.6", _HOOKS_OLD, "backend", "no", "yes", "yes", "yes", "no", "no", "no",
                       v1=_LMCACHE_V1_OLD),
-    "vllm-0.30": _row("0.30", "2.13", "0.5.7rc2", _HOOKS_ALL, "config", "no", "yes", "yes", "yes", "yes", "no"),
-    "vllm-0.29": _row("0.29", "2.13", "0.5.6", _HOOKS_ALL, "config", "no", "yes", "yes", "yes", "yes", "no"),
-    "vllm-0.27": _row("0.27", "2.13", "0.5.6", _HOOKS_ALL, "backend", "no", "yes", "yes", "yes", "no", "no",
+    "vllm-0.30": _row("0.30", "2.13", "0.5.7rc2", _HOOKS_ALL, "config", "no", "yes", "yes", "yes", "yes", "no", "yes"),
+    "vllm-0.29": _row("0.29", "2.13", "0.5.6", _HOOKS_ALL, "config", "no", "yes", "yes", "yes", "yes", "no", "yes"),
+    "vllm-0.27": _row("0.27", "2.13", "0.5.6", _HOOKS_ALL, "backend", "no", "yes", "yes", "yes", "no", "no", "no",
                       v1=_LMCACHE_V1_OLD),
-    "vllm-0.23": _row("0.23", "2.11", "0.5.6", _HOOKS_OLD, "backend", "no", "no", "no", "no", "no", "yes",
+    "vllm-0.23": _row("0.23", "2.11", "0.5.6", _HOOKS_OLD, "backend", "no", "no", "no", "no", "no", "yes", "no",
                       v1=_LMCACHE_V1_OLD),
 }
 
@@ -121,6 +125,7 @@ def probe() -> dict[str, str]:
     from vllm.config import CacheConfig, SchedulerConfig
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, SupportsHMA
     from vllm.distributed.kv_transfer.kv_connector.v1.lmcache_connector import LMCacheConnectorV1
+    from vllm.v1.core import kv_cache_utils
     from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
     from vllm.v1.request import Request
 
@@ -153,4 +158,5 @@ def probe() -> dict[str, str]:
         "request_key_fields": ",".join(f for f in key_fields if f in request_fields or hasattr(Request, f)),
         "lmcache_connector_v1": ",".join(sorted(methods(LMCacheConnectorV1) & declared)),
         "stats_need_worker_stats": "yes" if vllm_features().scheduler_stats_need_worker_stats else "no",
+        "none_hash_seed": "yes" if hasattr(kv_cache_utils, "DEFAULT_NONE_HASH_SEED") else "no",
     }
