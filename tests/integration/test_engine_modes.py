@@ -98,17 +98,10 @@ def test_mla_preemption_resumes_from_loaded_chunks(tiny_model, tmp_path):
     prefix caching, recomputes the whole request.
 
     The reference is the same engine without the connector: both admit and
-    preempt alike and run the same steps until the first resume, where the
-    connector loads and vLLM recomputes. So every token of a step both ran
-    alike is equal, logprob for logprob (the steps are traced and compared);
-    after it the difference is what resuming from loaded chunks instead of
-    recomputing makes, held within the noise vLLM's own recomputation makes
-    (the largest difference between the reference and an engine that is
-    never preempted, measured here: bf16 KV computed by decodes is not
-    bit-equal to KV a prefill recomputes). Nothing is left held: no staged
-    chunk, no chunk of LMCache's CPU cache pinned, no load error."""
-    import sched_trace
-    from engine_checks import worst_common
+    preempt alike until the first resume, where the connector loads and
+    vLLM recomputes (bf16 KV computed by decodes is not bit-equal to KV a
+    prefill recomputes). What must hold: engine_checks.check_preempted_resumes."""
+    from engine_checks import check_preempted_resumes
     from redis_server import RedisServer, ensure_redis_server
 
     from .conftest import run_engine_in
@@ -142,34 +135,11 @@ def test_mla_preemption_resumes_from_loaded_chunks(tiny_model, tmp_path):
     free, _ = run_engine_in(tmp_path, Scenario(connector="none", phases=phases, engine_kwargs=roomy, env=in_process,
                                                **kw))
 
-    g, r, f = got[0].completions, ref[0].completions, free[0].completions
     loaded = {int(m[1]): int(m[2]) for m in re.finditer(
         r"lmcache-ascend: request (\d+)-\S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)}
-    differ_at = next((i for i, (x, y) in enumerate(zip(steps, ref_steps)) if x != y), min(len(steps), len(ref_steps)))
-    alike = [sched_trace.tokens_before(steps, i, len(batch[i]), differ_at) for i in range(len(batch))]
-    noise = max(worst_common(y, z) for y, z in zip(r, f))
-    print(f"\npreemptions {got[0].preemptions}/{ref[0].preemptions}/{free[0].preemptions}, loaded {loaded}, "
-          f"steps alike until {differ_at} ({alike} tokens), noise {noise}, "
-          f"diffs {[worst_common(x, y) for x, y in zip(g, r)]}")
-    assert got[0].preemptions > 0 and ref[0].preemptions > 0 and free[0].preemptions == 0
     resumed = {i for i, n in loaded.items() if n > 0}
-    assert resumed, loaded
-    # The runs part where a resume loaded and computed on from its hit.
-    assert differ_at < len(steps) and any(
-        req in {str(i) for i in resumed} and computed > 0 for req, computed, _ in steps[differ_at].batch
-    ), (steps[differ_at], ref_steps[differ_at])
-    for i, (x, y) in enumerate(zip(g, r)):
-        n = alike[i]
-        assert x.tokens[:n] == y.tokens[:n] and x.logprobs[:n] == y.logprobs[:n], f"request {i}: first {n} tokens"
-        assert worst_common(x, y) <= noise, f"request {i}: {worst_common(x, y)} > noise {noise}"
+    check_preempted_resumes(batch, got[0], ref[0], free[0], steps, ref_steps, log, resumed, "MLA")
     assert in_redis >= 2, "nothing reached Redis"
-    assert "lmcache-ascend: closing: 0 staged chunk(s) still held" in log, log[-3000:]
-    assert re.search(r"lmcache-ascend: closing: 0 of \d+ chunk\(s\) in LMCache's CPU cache still pinned", log), \
-        log[-3000:]
-    assert "Cannot get" not in log
-    counters = got[0].counters
-    assert counters.get("loaded_tokens", 0) > 0, counters
-    assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, counters
 
 
 USER_SCRIPT = '''
