@@ -1,8 +1,9 @@
 """A request that goes away while its fetch is in flight (issue 36, bad
 input): a client that disconnects while the lookup of its request is still
-reading and verifying chunks from Redis, on a multi-group model (Gemma-3:
-sliding and full attention groups) and on MLA (DeepSeek-V2-like), in
-vLLM's OpenAI server as users run it.
+reading and verifying chunks from Redis, on multi-group models (Gemma-3:
+sliding and full attention groups; Qwen3-Next-like: Mamba state beside
+attention) and on MLA (DeepSeek-V2-like), in vLLM's OpenAI server as users
+run it.
 
 What must hold:
 
@@ -42,6 +43,8 @@ from openai_server import Server, wait_ready
 from redis_server import RedisServer, ensure_redis_server
 from lmcache_ascend.cli.tiny_models import token_prompt
 
+from .test_mamba_hits import state_model  # noqa: F401  (the fixture: B read from the worker's plan)
+
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
 
 CHUNK = 256
@@ -73,20 +76,23 @@ class AbortRun:
     hit: dict  # the first hit after the abort: the whole prefix from Redis
     again: dict  # the same prompt once more, with the same step boundaries
     before: dict | None  # a hit from Redis before the abort (hit_before)
+    chunk: int
     counters: dict[str, float]
     log: str
     returncode: int | None
 
 
-def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = False) -> AbortRun:
-    """A server with Redis as its only store: the prompt computed cold,
-    (with ``hit_before``, hit once from Redis before anything is aborted),
-    then asked again by a client that leaves while the lookup is held, then
-    other requests, then the prompt twice more."""
+def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = False, chunk: int = CHUNK,
+                        engine_args: tuple[str, ...] = ()) -> AbortRun:
+    """A server with Redis as its only store: the prompt (three chunks and
+    20 tokens) computed cold, (with ``hit_before``, hit once from Redis
+    before anything is aborted), then asked again by a client that leaves
+    while the lookup is held, then other requests, then the prompt twice
+    more."""
     if ensure_redis_server() is None:
         pytest.skip("redis-server is not installed and could not be installed")
-    prompt = token_prompt(3 * CHUNK + 20, seed=91)
-    other = token_prompt(CHUNK + 40, seed=92)
+    prompt = token_prompt(3 * chunk + 20, seed=91)
+    other = token_prompt(chunk + 40, seed=92)
     body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1}
     with RedisServer(tmp_path) as redis:
         env = support_env({
@@ -94,14 +100,14 @@ def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = Fal
             "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
             # Redis only: every hit is read, verified and staged by the lookup.
             "LMCACHE_REMOTE_URL": redis.url, "LMCACHE_REMOTE_SERDE": "naive", "LMCACHE_LOCAL_CPU": "False",
-            "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5", "LMCACHE_CHUNK_SIZE": str(CHUNK),
+            "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5", "LMCACHE_CHUNK_SIZE": str(chunk),
             "LMCACHE_ASCEND_ASYNC_LOOKUP": "on", "LMCA_FAULT_LOOKUP_DELAY": f"{3 if hit_before else 2}:{HOLD_S}",
         })
         port = free_port()
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--enforce-eager",
-               "--max-model-len", "2048", "--seed", "0", "--shutdown-timeout", "15",
-               "--kv-transfer-config", json.dumps(faulty_transfer_config())]
+               "--max-model-len", str(max(2048, 4 * chunk)), "--seed", "0", "--shutdown-timeout", "15",
+               "--kv-transfer-config", json.dumps(faulty_transfer_config()), *engine_args]
         log_path = tmp_path / "server.log"
         with open(log_path, "w") as lf:
             proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path),
@@ -136,7 +142,7 @@ def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = Fal
         finally:
             srv.stop()
         log = srv.log()
-    return AbortRun(cold, hit, again, before, counters, log, proc.returncode)
+    return AbortRun(cold, hit, again, before, chunk, counters, log, proc.returncode)
 
 
 def _check_nothing_lost_or_held(run: AbortRun, hits_loaded: int) -> None:
@@ -147,7 +153,7 @@ def _check_nothing_lost_or_held(run: AbortRun, hits_loaded: int) -> None:
     # The aborted request was never served (no summary line names a hit for
     # it); the later requests hit the whole stored prefix.
     loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)]
-    assert loaded.count(3 * CHUNK) == hits_loaded, loaded
+    assert loaded.count(3 * run.chunk) == hits_loaded, loaded
     assert counters["abandoned_transfers"] == 1, counters
     assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, counters
     # The two hits after the abort are equal bit for bit (same step boundaries).
@@ -189,3 +195,23 @@ def test_mla_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, tiny_m
     for got in (run.hit["choices"][0], run.again["choices"][0]):
         assert got["text"] == ref["text"]
         assert got["logprobs"]["token_logprobs"] == ref["logprobs"]["token_logprobs"]
+
+
+def test_state_model_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, state_model):
+    """Qwen3-Next-like (Mamba/GDN layers beside full attention, align mode):
+    the held lookup stages KV chunks and the Mamba state at their boundary.
+    Chunks of B tokens (the block size vLLM picked on this machine, read
+    from the worker's plan) and a prefill budget of B, as in test_mamba_hits:
+    the hit from Redis after the abort loads the state at 3B, and the next
+    request is vLLM's own prefix-cache hit on the state block that load
+    wrote; both compute the 20-token tail in one step, so they are equal at
+    tolerance 0, and equal the text computed cold. Primary stack only."""
+    from .test_mamba_hits import ENGINE
+
+    m = state_model("qwen3_next")
+    args = ("--enable-prefix-caching", "--mamba-ssm-cache-dtype", ENGINE["mamba_ssm_cache_dtype"],
+            "--max-num-batched-tokens", str(m.block))
+    run = _abort_during_fetch(tmp_path, m.path, "bfloat16", chunk=m.block, engine_args=args)
+    _check_nothing_lost_or_held(run, hits_loaded=1)
+    assert run.hit["choices"][0]["text"] == run.cold["choices"][0]["text"]
+    assert re.search(rf"Mamba state \(\d+ bytes each\): loaded at {3 * m.block}\b", run.log), run.log[-3000:]
