@@ -59,8 +59,10 @@ from serving_client import HOST, Server, ServerSpec, complete  # noqa: E402
 from lmcache_ascend.cli.tiny_models import TinyModelSpec, build_tiny_model, token_prompt  # noqa: E402
 from redis_server import RedisServer, ensure_redis_server  # noqa: E402
 
+# Positions up to 64k: the issue's prompts reach 32k tokens (the tiny
+# models' default is 16k).
 MODEL = TinyModelSpec("llama", num_layers=8, hidden_size=256, num_heads=8, num_kv_heads=4, head_dim=64,
-                      intermediate_size=512)
+                      intermediate_size=512, extra=(("max_position_embeddings", 65536),))
 KV_BYTES_PER_TOKEN = MODEL.num_layers * 2 * MODEL.num_kv_heads * MODEL.head_dim * 4
 # vLLM-CPU's block: the connector then hits where vLLM's own cache does, so
 # the step after a hit computes the same tokens in every kind.
