@@ -71,7 +71,11 @@ def test_pool_down_at_startup_is_served_and_used_once_back(backend, tmp_path, ti
         # the connection (Mooncake's setup takes a few seconds, more on a
         # loaded machine: with one reconnect period of slack the "hit" request
         # once found nothing in a full CI run, its store having gone nowhere).
-        LMCA_FAULT_BEFORE_LOOKUP=f"2:waitport:{ready_port},2:sleep:{3 * int(RECONNECT_S) + 10}",
+        # Before the "hit" request's lookup (request 3), a pause: the "back"
+        # request's puts run beside the steps and may still be in flight when
+        # it has returned (a full CI run once found its second chunk missing
+        # from Mooncake: a hit of 1 chunk, not 2).
+        LMCA_FAULT_BEFORE_LOOKUP=f"2:waitport:{ready_port},2:sleep:{3 * int(RECONNECT_S) + 10},3:sleep:5",
     )
     previous = signal.signal(signal.SIGUSR1, on_signal)
     try:
