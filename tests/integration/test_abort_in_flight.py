@@ -43,6 +43,7 @@ from openai_server import Server, wait_ready
 from redis_server import RedisServer, ensure_redis_server
 from lmcache_ascend.cli.tiny_models import token_prompt
 
+from .test_mamba_hits import ENGINE
 from .test_mamba_hits import state_model  # noqa: F401  (the fixture: B read from the worker's plan)
 
 pytestmark = [pytest.mark.engine, pytest.mark.redis]
@@ -186,8 +187,9 @@ def test_mla_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, tiny_m
     prefill off for MLA, so every hit comes from Redis and no cold run has a
     hit's step boundaries (a bf16 prefill of all 788 tokens differs in the
     last bits). The reference is a hit from Redis before anything was
-    aborted: the hits after the abort equal it bit for bit. Primary stack only: the abort path does not depend on the
-    layout, and the Gemma-3 case runs on every hook set."""
+    aborted: the hits after the abort equal it bit for bit. Primary stack
+    only: the abort path does not depend on the layout, and the Gemma-3
+    case runs on every hook set."""
     run = _abort_during_fetch(tmp_path, tiny_model("deepseek_v2"), "bfloat16", hit_before=True)
     _check_nothing_lost_or_held(run, hits_loaded=3)
     assert run.before is not None
@@ -206,8 +208,6 @@ def test_state_model_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path
     request is vLLM's own prefix-cache hit on the state block that load
     wrote; both compute the 20-token tail in one step, so they are equal at
     tolerance 0, and equal the text computed cold. Primary stack only."""
-    from .test_mamba_hits import ENGINE
-
     m = state_model("qwen3_next")
     args = ("--enable-prefix-caching", "--mamba-ssm-cache-dtype", ENGINE["mamba_ssm_cache_dtype"],
             "--max-num-batched-tokens", str(m.block))

@@ -278,10 +278,10 @@ def test_state_hits_equal_vllms_own_prefix_cache_hits(state_model, tmp_path, sha
 @pytest.mark.redis
 def test_state_hits_under_preemption(state_model, tmp_path):
     """(Primary stack only, as the Gemma-3 and MLA preemption tests in
-    test_engine_modes: three engines each.) Decodes grow four requests past a KV cache of 13 blocks:
-    vLLM preempts some, and each resumes with a state hit the connector
-    stored while it decoded (state and KV at B), with Redis beside LMCache's
-    CPU cache taking the puts beside the steps.
+    test_engine_modes: three engines each.) Decodes grow four requests past
+    a KV cache of 13 blocks: vLLM preempts some, and each resumes with a
+    state hit the connector stored while it decoded (state and KV at B),
+    with Redis beside LMCache's CPU cache taking the puts beside the steps.
 
     The reference is an engine without the connector given the scheduler
     watermark the connector sets (its admission headroom for state hits,

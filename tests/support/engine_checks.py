@@ -61,7 +61,7 @@ def check_preempted_resumes(batch: list, got, ref, free, steps: list, ref_steps:
     import sched_trace
 
     g, r, f = got.completions, ref.completions, free.completions
-    differ_at = next((i for i, (x, y) in enumerate(zip(steps, ref_steps)) if x != y), min(len(steps), len(ref_steps)))
+    differ_at = sched_trace.first_differing(steps, ref_steps)
     alike = [sched_trace.tokens_before(steps, i, len(batch[i]), differ_at) for i in range(len(batch))]
     noise = max(worst_common(y, z) for y, z in zip(r, f))
     print(f"\n{what}: preemptions {got.preemptions}/{ref.preemptions}/{free.preemptions}, resumed from a hit "

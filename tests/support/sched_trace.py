@@ -36,14 +36,20 @@ def read(directory: Path) -> list[Step]:
     return steps
 
 
+def first_differing(a: list[Step], b: list[Step]) -> int:
+    """Index of the first step the two runs ran differently; the shorter
+    run's length where one is a prefix of the other."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def first_difference(a: list[Step], b: list[Step]) -> str | None:
     """None when both runs ran the same steps; else the first that differs,
     in words (for a test's message)."""
     if not a or not b:
         return f"no steps recorded ({len(a)} / {len(b)})"
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return f"step {i}: {x} != {y}"
+    i = first_differing(a, b)
+    if i < min(len(a), len(b)):
+        return f"step {i}: {a[i]} != {b[i]}"
     if len(a) != len(b):
         return f"{len(a)} steps != {len(b)} steps"
     return None
