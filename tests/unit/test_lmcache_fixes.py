@@ -11,6 +11,8 @@ futures (lmcache_ascend/lmcache_bridge/patching/patches.py).
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import threading
 
 from lmcache_ascend.integration.vllm import adapter_route
@@ -56,3 +58,72 @@ def test_cancelled_callers_do_not_kill_the_workers():
 
 async def _event() -> asyncio.Event:
     return asyncio.Event()
+
+
+class _InstantClient:
+    """Stands in for LMCache's C++ client (``lmcache.lmcache_redis``) to force
+    the interleaving a fast server makes by chance: the completion is
+    signalled, and drained by the loop, before ``submit_*`` returns."""
+
+    def __init__(self) -> None:
+        self._fd = os.eventfd(0, os.EFD_NONBLOCK)
+        self._done: list = []
+        self._drained = threading.Event()
+        self._ids = itertools.count(1)
+
+    def event_fd(self) -> int:
+        return self._fd
+
+    def _complete(self, n: int) -> int:
+        fid = next(self._ids)
+        self._drained.clear()
+        self._done.append((fid, True, "", [True] * n))
+        os.eventfd_write(self._fd, 1)
+        # The loop drains it first; it cannot when this runs on the loop.
+        self._drained.wait(0.5)
+        return fid
+
+    def submit_batch_exists(self, keys):
+        return self._complete(len(keys))
+
+    def submit_batch_get(self, keys, bufs):
+        return self._complete(len(keys))
+
+    def drain_completions(self):
+        try:
+            os.eventfd_read(self._fd)
+        except BlockingIOError:
+            pass
+        items, self._done = self._done, []
+        if items:
+            self._drained.set()
+        return items
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def test_native_client_blocking_calls_see_instant_completions():
+    from lmcache.v1.storage_backend.native_clients.connector_client_base import ConnectorClientBase
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        async def make():
+            return ConnectorClientBase(_InstantClient(), loop)
+
+        client = asyncio.run_coroutine_threadsafe(make(), loop).result(5)
+        results: dict = {}
+
+        def call():  # a daemon thread: unpatched, it never returns
+            results["exists"] = client.batch_exists_sync(["a", "b"])
+            results["get"] = client.batch_get_sync(["a"], [memoryview(bytearray(4))])
+
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(10)
+        assert results == {"exists": [True, True], "get": None}, "a completion drained before registration was lost"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)

@@ -52,7 +52,8 @@ DEFINES = {
     lmcache_modules.GPU_CONNECTORS: "GPUConnectorInterface",
 }
 # Patched modules that did not move.
-UNMOVED = ("lmcache.v1.storage_backend.job_executor.pq_executor", "lmcache.v1.config")
+UNMOVED = ("lmcache.v1.storage_backend.job_executor.pq_executor", "lmcache.v1.config",
+           "lmcache.v1.storage_backend.native_clients.connector_client_base")
 RELEASE = installed_lmcache_version()
 
 
@@ -128,17 +129,20 @@ def test_every_patch_applies_once_its_module_is_imported():
         "    'shield': getattr(mods[0].AsyncPQExecutor, '_lmcache_ascend_shielded', False),\n"
         "    'keys': 'ascend_bundle_multi_spec' in mods[1]._CONFIG_DEFINITIONS,\n"
         "    'adapter': getattr(adapter.LMCacheConnectorV1Impl, '_lmcache_ascend_patched', False),\n"
-        "    'factory': getattr(factory.CreateGPUConnector, '_lmcache_ascend', False)}))\n"
+        "    'factory': getattr(factory.CreateGPUConnector, '_lmcache_ascend', False),\n"
+        "    'native': mods[3].ConnectorClientBase.batch_exists_sync.__module__ == patches.__name__}))\n"
     )
-    assert [p.name for p in patches.PATCHES] == ["pq_executor_shield", "config_keys", "vllm_adapter_shim"]
+    assert [p.name for p in patches.PATCHES] == [
+        "pq_executor_shield", "config_keys", "vllm_adapter_shim", "native_client_sync_on_loop"]
     got = _last_json(_fresh(code))
     assert got == {
         "before": [],
-        "after": ["config_keys", "pq_executor_shield", "vllm_adapter_shim"],
+        "after": ["config_keys", "native_client_sync_on_loop", "pq_executor_shield", "vllm_adapter_shim"],
         "shield": True,
         "keys": True,
         "adapter": True,
         "factory": True,
+        "native": True,
     }
 
 

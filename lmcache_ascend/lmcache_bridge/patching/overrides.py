@@ -177,6 +177,11 @@ PQ_EXECUTOR_SHIELD = _patch_entry(
     "AsyncPQExecutor.submit_job, AsyncPQExecutor._lmcache_ascend_shielded (class)",
     ("tests/unit/test_lmcache_fixes.py::test_cancelled_callers_do_not_kill_the_workers",),
 )
+NATIVE_SYNC_ON_LOOP = _patch_entry(
+    "native_client_sync_on_loop",
+    "ConnectorClientBase.batch_get_sync/batch_set_sync/batch_exists_sync (class)",
+    ("tests/unit/test_lmcache_fixes.py::test_native_client_blocking_calls_see_instant_completions",),
+)
 CONFIG_KEYS = _patch_entry(
     "config_keys",
     "LMCacheEngineConfig.__init__/__repr__/__eq__/__dataclass_fields__/__match_args__ and one "
@@ -358,7 +363,7 @@ CONNECTOR_SHUTDOWN = Override(
 )
 
 ENTRIES: tuple[Override, ...] = (
-    PQ_EXECUTOR_SHIELD, CONFIG_KEYS, VLLM_ADAPTER_SHIM, MOVED_MODULE_SPEC, MOONCAKE_ACCOUNTING,
+    PQ_EXECUTOR_SHIELD, NATIVE_SYNC_ON_LOOP, CONFIG_KEYS, VLLM_ADAPTER_SHIM, MOVED_MODULE_SPEC, MOONCAKE_ACCOUNTING,
     MOONCAKE_CHECKED_STORE, STAGED_LOOKUP, STEP_PUTS, PREFIX_HASH_MEMO, PINNED_INIT_HASH, KEY_METADATA,
     LAYOUT_MODEL_NAME, ENGINE_GUARD, REFUSED_SAVE, WHOLE_CHUNKS_ONLY, DETERMINISTIC_CHUNK_HASH,
     DEFAULT_CHUNK_SIZE, DETACHED_REMOTE_CONNECTION, RECONNECT_NOW, RECOMPUTE_ON_LOAD_FAILURE,

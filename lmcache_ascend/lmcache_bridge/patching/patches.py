@@ -59,6 +59,36 @@ def _shield_pq_executor(module: ModuleType) -> None:
     overrides.apply(overrides.PQ_EXECUTOR_SHIELD, cls, "_lmcache_ascend_shielded", True)
 
 
+def _native_sync_calls_on_the_loop(module: ModuleType) -> None:
+    import asyncio
+
+    from lmcache_ascend.lmcache_bridge.patching import overrides
+
+    cls = module.ConnectorClientBase
+
+    def on_the_loop(name: str, async_name: str) -> Callable:
+        original = getattr(cls, name)
+
+        def sync(self, *args):
+            try:
+                on_loop = asyncio.get_running_loop() is self.loop
+            except RuntimeError:
+                on_loop = False
+            if on_loop:
+                return original(self, *args)
+            # The coroutine submits and registers in one run of the loop,
+            # before the loop can drain the completion.
+            return asyncio.run_coroutine_threadsafe(getattr(self, async_name)(*args), self.loop).result()
+
+        sync.__name__ = name
+        return sync
+
+    for name, async_name in (
+        ("batch_get_sync", "batch_get"), ("batch_set_sync", "batch_set"), ("batch_exists_sync", "batch_exists"),
+    ):
+        overrides.apply(overrides.NATIVE_SYNC_ON_LOOP, cls, name, on_the_loop(name, async_name))
+
+
 def _register_config_keys(module: ModuleType) -> None:
     from lmcache_ascend.lmcache_bridge.engine.config import register_config_keys
 
@@ -100,6 +130,18 @@ PATCHES: tuple[Patch, ...] = (
         "and HPU only ('No supported cpu connector found'); on the CPU and NPUs the "
         "shim gives it our chunk path (lmcache_bridge/patching/adapter_shim.py).",
         _shim_vllm_adapter,
+    ),
+    Patch(
+        "native_client_sync_on_loop",
+        "lmcache.v1.storage_backend.native_clients.connector_client_base",
+        ("0.5.6", "0.5.7rc2"),
+        "The native clients' blocking calls (resp://: batch_exists_sync, which "
+        "RemoteBackend.batched_contains uses, batch_get_sync, batch_set_sync) "
+        "submit from the calling thread and register their future after: a "
+        "completion the event loop drains in between is dropped and the call "
+        "waits forever (a lookup hung on its second read here). Submit and "
+        "register on the loop, as the async calls do.",
+        _native_sync_calls_on_the_loop,
     ),
 )
 
