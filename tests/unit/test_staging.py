@@ -23,6 +23,7 @@ from lmcache.v1.config import LMCacheEngineConfig
 
 from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext
 from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine
+from lmcache_ascend.lmcache_bridge.integrity import staging
 from lmcache_ascend.planning.groups import ChunkRequest
 
 CHUNK = 16
@@ -59,8 +60,12 @@ def _engine(kv: _KV, **config: Any) -> WorkerEngine:
     return WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
 
 
-@pytest.fixture
-def disk_engine(tmp_path):
+@pytest.fixture(params=[1, staging.FETCH_WINDOW], ids=["window1", "window16"])
+def disk_engine(tmp_path, request, monkeypatch):
+    # Window 1: every chunk is read while the one before it is verified, so
+    # a refusal leaves a read-ahead chunk to release; the default window
+    # reads these four chunks at once.
+    monkeypatch.setattr(staging, "FETCH_WINDOW", request.param)
     disk = tmp_path / "disk"
     disk.mkdir()
     kv = _KV()
@@ -135,7 +140,14 @@ def test_bad_chunk_ends_the_hit_is_counted_removed_and_not_read_again(disk_engin
         data = bytearray(files[1].read_bytes())
     files[2].write_bytes(bytes(data))
 
+    read = _record_reads(engine)
     assert _lookup(engine, "r") == 2 * CHUNK  # the two chunks before it
+    # Each buffer read is held for the hit or was given back, the refused
+    # chunk's and (window 1) the one read ahead after it included.
+    held = {id(entry.obj) for entry in engine.staging._entries.values()}
+    assert len(read) == 4 and len(held) == 2
+    assert all(id(obj) in held or obj.get_ref_count() == 0 for obj in read), \
+        [obj.get_ref_count() for obj in read]
     counts = engine.take_counts()
     assert counts.checksum_failures + counts.unreadable_chunks == 1
     assert "refused at lookup" in caplog.text
@@ -149,6 +161,21 @@ def test_bad_chunk_ends_the_hit_is_counted_removed_and_not_read_again(disk_engin
     assert again.checksum_failures + again.unreadable_chunks == 0
     engine.unpin("r2")
     assert engine.staging.held() == 0
+
+
+def _record_reads(engine: WorkerEngine) -> list:
+    """The buffers the staging's reads return (kept alive here, so LMCache's
+    garbage-collection safety net cannot hide one never given back)."""
+    read: list = []
+    fetch = engine.staging._fetch
+
+    def recording(*args, **kwargs):
+        fetched, complete = fetch(*args, **kwargs)
+        read.extend(item.obj for item in fetched if item.obj is not None)
+        return fetched, complete
+
+    engine.staging._fetch = recording
+    return read
 
 
 def test_repeated_lookups_share_one_staged_copy_and_unpin_releases_it(disk_engine):

@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -47,6 +48,11 @@ QUARANTINE_MAX = 4096
 # Staged chunks no load claimed within this time are released (a lookup whose
 # answer never reached the scheduler: its RPC timed out).
 STAGE_TTL_S = 300.0
+# Chunks per read while the previous ones are verified: large enough that a
+# backend's batched read pays its round trips once per window, small enough
+# that the first checks start early (16 chunks of 256 tokens of a large
+# model are tens of MB).
+FETCH_WINDOW = 16
 
 LOCAL_CPU = "LocalCPUBackend"
 # Backends whose entries were written by this process's own allocator and
@@ -63,6 +69,32 @@ class StagingCounts:
     unreadable_chunks: int = 0  # listed by a backend but could not be read
     quarantine_skips: int = 0  # lookups cut short at a chunk refused earlier
     staged_chunks: int = 0  # chunks read from disk or remote and verified at lookup
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """One chunk a backend returned (``obj`` None: listed but not read)."""
+
+    location: str
+    backend: Any
+    key: Any  # LMCache CacheEngineKey
+    obj: Any  # LMCache MemoryObj or None
+
+
+@dataclass
+class _Timing:
+    """Where one lookup's time went (the fetch thread adds, then this one)."""
+
+    started: float = field(default_factory=time.perf_counter)
+    fetch_s: float = 0.0
+    check_s: float = 0.0
+    bytes_by_location: dict[str, int] = field(default_factory=dict)
+
+    def add(self, location: str, nbytes: int) -> None:
+        self.bytes_by_location[location] = self.bytes_by_location.get(location, 0) + nbytes
+
+    def wall_s(self) -> float:
+        return time.perf_counter() - self.started
 
 
 @dataclass
@@ -118,6 +150,8 @@ class LookupStaging:
         self._quarantine: "OrderedDict[int, float]" = OrderedDict()
         self._tokens = itertools.count(1)
         self._counts = StagingCounts()
+        # Reads ahead of the checks (``_read``); started by the first read.
+        self._pool: Optional[ThreadPoolExecutor] = None
 
     def install(self) -> "LookupStaging":
         # An instance attribute: LMCache's lookup server (and the bypass
@@ -199,10 +233,52 @@ class LookupStaging:
 
     def _read(self, chunks: Sequence[tuple], search_range: Optional[list], now: float) -> list[StagedChunk]:
         """Reads and verifies the longest prefix of ``chunks`` the backends
-        hold; each returned chunk carries one reference for the staging."""
+        hold; each returned chunk carries one reference for the staging.
+
+        Windows of ``FETCH_WINDOW`` chunks are pipelined: the fetch thread
+        asks the backends for window k+1 while this thread verifies window k
+        (``zlib.crc32`` and BLAKE3 release the GIL, the backends wait on
+        their own I/O threads), so a remote hit costs about its reads, not
+        its reads plus its checks."""
+        timing = _Timing()
+        out: list[StagedChunk] = []
+        windows = [chunks[i : i + FETCH_WINDOW] for i in range(0, len(chunks), FETCH_WINDOW)]
+        pending: Optional[Future] = self._fetcher().submit(self._fetch, windows[0], search_range, timing)
+        for k, window in enumerate(windows):
+            assert pending is not None
+            fetched, complete = pending.result()
+            pending = None
+            if complete and k + 1 < len(windows):
+                pending = self._fetcher().submit(self._fetch, windows[k + 1], search_range, timing)
+            t0 = time.perf_counter()
+            good, clean = self._check(window, fetched, now)
+            timing.check_s += time.perf_counter() - t0
+            out.extend(good)
+            if not (clean and complete):
+                if pending is not None:  # the read ahead is not used: its references go back
+                    for item in pending.result()[0]:
+                        if item.obj is not None:
+                            item.obj.ref_count_down()
+                break
+        self._log_read(out, timing)
+        return out
+
+    def _fetcher(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmcache-ascend-fetch")
+        return self._pool
+
+    def _fetch(self, chunks: Sequence[tuple], search_range: Optional[list],
+               timing: "_Timing") -> tuple[list["_Fetched"], bool]:
+        """(Fetch thread.) The objects the backends hold for the longest
+        prefix of ``chunks``, in order, with where each came from; a None
+        object marks the first one listed but not read. ``complete``: every
+        chunk of ``chunks`` was read."""
+        t0 = time.perf_counter()
         manager = self._engine.storage_manager
         _, mapping = manager.batched_contains([key for _, _, key in chunks], search_range, False)
-        out: list[StagedChunk] = []
+        out: list[_Fetched] = []
+        complete = False
         for location, keys in mapping.items():
             cut = None
             if location not in _TRUSTED:
@@ -215,40 +291,67 @@ class LookupStaging:
                 if cut is not None:
                     keys = keys[:cut]
                     if not keys:
-                        return out
+                        break
             backend = manager.storage_backends[location]
             objs = _read_prefix(backend, list(keys))
-            ok_keys: list[Any] = []  # LMCache's CacheEngineKeys and MemoryObjs
-            ok_objs: list[Any] = []
-            for i, (key, obj) in enumerate(zip(keys, objs)):
-                start, end, _ = chunks[len(out)]
-                reason = None
-                if obj is None and location in _TRUSTED:
-                    # Evicted between contains and get: a race, not bad data.
-                    self._write_back(location, ok_keys, ok_objs)
-                    return out
-                if obj is None:
-                    reason = "listed but could not be read (deleted, evicted, undecodable or timed out)"
-                elif location not in _TRUSTED:
-                    try:
-                        self._verify(obj, start, key.chunk_hash)
-                    except Exception as exc:  # noqa: BLE001 - any refusal is a miss
-                        reason = str(exc)
-                if reason is not None:
-                    self._refuse(key, location, backend, reason, unreadable=obj is None, now=now)
-                    for extra in objs[i:]:
-                        if extra is not None:
-                            extra.ref_count_down()
-                    self._write_back(location, ok_keys, ok_objs)
-                    return out
-                out.append(StagedChunk(start, end, key.chunk_hash, obj))
-                if location not in _TRUSTED:
-                    ok_keys.append(key)
-                    ok_objs.append(obj)
-            self._write_back(location, ok_keys, ok_objs)
-            if cut is not None or len(objs) < len(keys):
-                return out
-        return out
+            out.extend(_Fetched(location, backend, key, obj) for key, obj in zip(keys, objs))
+            if location not in _TRUSTED:
+                timing.add(location, sum(o.get_size() for o in objs if o is not None))
+            if cut is not None or len(objs) < len(keys) or (objs and objs[-1] is None):
+                break
+        else:
+            complete = len(out) == len(chunks)
+        timing.fetch_s += time.perf_counter() - t0
+        return out, complete
+
+    def _check(self, chunks: Sequence[tuple], fetched: list["_Fetched"], now: float) -> tuple[list[StagedChunk], bool]:
+        """Verifies ``fetched`` (a prefix of ``chunks``) in order; returns the
+        chunks that verified and whether every fetched one did. A chunk
+        refused and the ones after it are released."""
+        out: list[StagedChunk] = []
+        ok_keys: dict[str, list] = {}  # location -> LMCache's CacheEngineKeys
+        ok_objs: dict[str, list] = {}  # location -> MemoryObjs
+        clean = True
+        for i, item in enumerate(fetched):
+            start, end, _ = chunks[i]
+            reason = None
+            if item.obj is None and item.location in _TRUSTED:
+                # Evicted between contains and get: a race, not bad data.
+                clean = False
+                break
+            if item.obj is None:
+                reason = "listed but could not be read (deleted, evicted, undecodable or timed out)"
+            elif item.location not in _TRUSTED:
+                try:
+                    self._verify(item.obj, start, item.key.chunk_hash)
+                except Exception as exc:  # noqa: BLE001 - any refusal is a miss
+                    reason = str(exc)
+            if reason is not None:
+                self._refuse(item.key, item.location, item.backend, reason, unreadable=item.obj is None, now=now)
+                for extra in fetched[i:]:
+                    if extra.obj is not None:
+                        extra.obj.ref_count_down()
+                clean = False
+                break
+            out.append(StagedChunk(start, end, item.key.chunk_hash, item.obj))
+            if item.location not in _TRUSTED:
+                ok_keys.setdefault(item.location, []).append(item.key)
+                ok_objs.setdefault(item.location, []).append(item.obj)
+        for location, keys in ok_keys.items():
+            self._write_back(location, keys, ok_objs[location])
+        return out, clean
+
+    def _log_read(self, staged: list[StagedChunk], timing: "_Timing") -> None:
+        if not timing.bytes_by_location:
+            return
+        total = sum(timing.bytes_by_location.values())
+        took = timing.wall_s()
+        logger.info(
+            "lmcache-ascend: lookup staged %d chunk(s); read %.1f MB from %s in %.3f s (%.2f GB/s; "
+            "reads %.3f s, checks %.3f s, overlapped)",
+            len(staged), total / 1e6, ", ".join(sorted(timing.bytes_by_location)), took,
+            total / took / 1e9 if took > 0 else float("inf"), timing.fetch_s, timing.check_s,
+        )
 
     def _write_back(self, location: str, keys: list, objs: list) -> None:
         """Verified chunks from disk or remote go to LMCache's CPU cache, as
@@ -365,6 +468,8 @@ class LookupStaging:
                 entry.obj.ref_count_down()
             self._entries.clear()
             self._registrations.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         # Every staged chunk is released by its load, its request's end (the
         # next step's unpins) or STAGE_TTL_S. Any still held at close means
         # one of those paths missed it: say so, an operator's leak check.
