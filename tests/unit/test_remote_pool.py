@@ -29,6 +29,7 @@ def test_tcp_targets_of_remote_urls():
     assert remote_pool.tcp_target("redis://10.0.0.1:7000") == ("10.0.0.1", 7000)
     assert remote_pool.tcp_target("redis://cache") == ("cache", 6379)
     assert remote_pool.tcp_target("rediss://cache") == ("cache", 6380)
+    assert remote_pool.tcp_target("resp://10.0.0.1:7000") == ("10.0.0.1", 7000)
     assert remote_pool.tcp_target("mooncakestore://127.0.0.1:50051/") is None  # its master is in extra_config
     assert remote_pool.tcp_target("fs:///tmp/x") is None
 

@@ -53,7 +53,8 @@ RECONNECT_S = 10.0  # LMCache's RemoteBackend.min_reconnect_interval
 CONNECT_TIMEOUT_S = 2.0
 # Default ports of the URL schemes a TCP check can read (LMCache's remote
 # connectors; mooncakestore:// names its master in extra_config instead).
-_DEFAULT_PORTS = {"redis": 6379, "rediss": 6380, "lm": 65432, "valkey": 6379}
+# resp: LMCache's native Redis client (same server, same port).
+_DEFAULT_PORTS = {"redis": 6379, "rediss": 6380, "resp": 6379, "lm": 65432, "valkey": 6379}
 
 
 class PoolUnavailableError(RuntimeError):
