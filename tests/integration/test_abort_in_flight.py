@@ -15,7 +15,10 @@ What must hold:
 * nothing stays pinned: the chunks the orphaned lookup staged are released
   with the next step, and the connector's close finds none held;
 * the event is counted (``abandoned_transfers``) and the connector's
-  counters show no load error and no checksum failure.
+  counters show no load error and no checksum failure;
+* on MLA, the same server then serves the prompt with an entry damaged in
+  Redis: refused at lookup and counted, the hit ends before it, and the
+  output equals a hit with the same boundary (tolerance 0).
 
 The lookup is held by the faulty connector (support/faults.py,
 ``LMCA_FAULT_LOOKUP_DELAY``): the second lookup sleeps HOLD_S seconds on the
@@ -37,9 +40,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from faults import faulty_transfer_config, support_env
+from faults import chunk_hashes, faulty_transfer_config, support_env
 from mooncake_server import free_port
 from openai_server import Server, wait_ready
+from redis_entries import chunk_base
 from redis_server import RedisServer, ensure_redis_server
 from lmcache_ascend.cli.tiny_models import token_prompt
 
@@ -77,19 +81,61 @@ class AbortRun:
     hit: dict  # the first hit after the abort: the whole prefix from Redis
     again: dict  # the same prompt once more, with the same step boundaries
     before: dict | None  # a hit from Redis before the abort (hit_before)
+    damaged: "Damaged | None"  # with damage=True
     chunk: int
     counters: dict[str, float]
     log: str
     returncode: int | None
 
 
+@dataclass
+class Damaged:
+    """The prompt's chunks 1 and 2 deleted from Redis, so a hit loads chunk 0
+    only (``short``; vLLM computes the rest, and the connector stores it
+    again), then chunk 1 damaged in Redis (``hit``: refused at lookup, so the
+    hit is chunk 0 again, with the same step boundaries as ``short``)."""
+
+    short: dict
+    hit: dict
+    counters: dict[str, float]  # after both
+
+
+def _damage_after(srv: Server, redis: RedisServer, body: dict, chunk: int) -> Damaged:
+    bases = []
+    with redis.client() as c:
+        keys = c.keys()
+        bases = [chunk_base(keys, h) for h in chunk_hashes(body["prompt"], chunk)]
+        assert len(bases) == 3
+        for base in bases[1:]:
+            c.delete(base + b"kv_bytes", base + b"metadata")
+    short = _post(srv, "/v1/completions", body)
+    deadline = time.monotonic() + 60  # the recomputed chunks' puts are asynchronous
+    with redis.client() as c:
+        while c.get(bases[1] + b"kv_bytes") is None or c.get(bases[1] + b"metadata") is None:
+            assert time.monotonic() < deadline, "the recomputed chunk 1 never reached Redis"
+            time.sleep(0.2)
+        val = bytearray(c.get(bases[1] + b"kv_bytes") or b"")
+        for off in (17, len(val) // 2):
+            val[off] ^= 0xFF
+        c.set(bases[1] + b"kv_bytes", bytes(val))
+    hit = _post(srv, "/v1/completions", body)
+    deadline = time.monotonic() + 60
+    while True:
+        counters = _metrics(srv)
+        if counters.get("checksum_failures"):
+            break
+        assert time.monotonic() < deadline, counters
+        time.sleep(2)
+    return Damaged(short, hit, counters)
+
+
 def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = False, chunk: int = CHUNK,
-                        engine_args: tuple[str, ...] = ()) -> AbortRun:
+                        engine_args: tuple[str, ...] = (), damage: bool = False) -> AbortRun:
     """A server with Redis as its only store: the prompt (three chunks and
     20 tokens) computed cold, (with ``hit_before``, hit once from Redis
     before anything is aborted), then asked again by a client that leaves
     while the lookup is held, then other requests, then the prompt twice
-    more."""
+    more (with ``damage``, then ``_damage_after``)."""
     if ensure_redis_server() is None:
         pytest.skip("redis-server is not installed and could not be installed")
     prompt = token_prompt(3 * chunk + 20, seed=91)
@@ -140,10 +186,11 @@ def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = Fal
                     break
                 assert time.monotonic() < deadline, counters
                 time.sleep(2)
+            damaged = _damage_after(srv, redis, body, chunk) if damage else None
         finally:
             srv.stop()
         log = srv.log()
-    return AbortRun(cold, hit, again, before, chunk, counters, log, proc.returncode)
+    return AbortRun(cold, hit, again, before, damaged, chunk, counters, log, proc.returncode)
 
 
 def _check_nothing_lost_or_held(run: AbortRun, hits_loaded: int) -> None:
@@ -190,13 +237,25 @@ def test_mla_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, tiny_m
     aborted: the hits after the abort equal it bit for bit. Primary stack
     only: the abort path does not depend on the layout, and the Gemma-3
     case runs on every hook set."""
-    run = _abort_during_fetch(tmp_path, tiny_model("deepseek_v2"), "bfloat16", hit_before=True)
+    run = _abort_during_fetch(tmp_path, tiny_model("deepseek_v2"), "bfloat16", hit_before=True, damage=True)
     _check_nothing_lost_or_held(run, hits_loaded=3)
     assert run.before is not None
     ref = run.before["choices"][0]
     for got in (run.hit["choices"][0], run.again["choices"][0]):
         assert got["text"] == ref["text"]
         assert got["logprobs"]["token_logprobs"] == ref["logprobs"]["token_logprobs"]
+    # A damaged entry (issue 36, a fault during a fetch) costs a recompute,
+    # never an output: the hit with chunk 1 refused equals the hit of chunk 0
+    # alone (same boundaries, tolerance 0).
+    d = run.damaged
+    assert d is not None
+    assert d.hit["choices"][0]["text"] == d.short["choices"][0]["text"]
+    assert d.hit["choices"][0]["logprobs"]["token_logprobs"] == d.short["choices"][0]["logprobs"]["token_logprobs"]
+    loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", run.log)]
+    assert loaded[-2:] == [run.chunk, run.chunk], loaded
+    refused = [line for line in run.log.splitlines() if "refused at lookup" in line]
+    assert len(refused) == 1 and "checksum" in refused[0], refused
+    assert d.counters["checksum_failures"] == 1 and d.counters.get("load_errors", 0) == 0, d.counters
 
 
 def test_state_model_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, state_model):
