@@ -34,6 +34,15 @@ def test_tcp_targets_of_remote_urls():
     assert remote_pool.tcp_target("fs:///tmp/x") is None
 
 
+def test_a_redis_url_is_told_once_of_resp(caplog, monkeypatch):
+    monkeypatch.setattr(remote_pool, "_HINTED", set())
+    with caplog.at_level(logging.INFO, logger=remote_pool.__name__):
+        for url in ("resp://127.0.0.1:1", "rediss://cache:6380", "redis://u:secret@127.0.0.1:1", "redis://h:2"):
+            remote_pool.hint_scheme(url)
+    hints = [r.getMessage() for r in caplog.records if "resp://" in r.getMessage()]
+    assert len(hints) == 1 and "redis://u:***@127.0.0.1:1" in hints[0] and "secret" not in hints[0], hints
+
+
 def test_redis_down_at_startup_is_one_error_and_a_count(caplog):
     url = f"redis://127.0.0.1:{_closed_port()}"
     before = remote_pool.unavailable_count()

@@ -164,6 +164,27 @@ def redis_refusal(remote_url: str) -> Optional[str]:
     )
 
 
+_HINTED: set = set()
+
+
+def hint_scheme(remote_url: str) -> None:
+    """Once per process: a redis:// pool could be read faster as resp://
+    (the same server through LMCache's native client). Not for rediss://:
+    resp:// has no TLS."""
+    if urlparse(remote_url).scheme != "redis":
+        return
+    with _lock:
+        if "redis" in _HINTED:
+            return
+        _HINTED.add("redis")
+    logger.info(
+        "lmcache-ascend: remote_url %s reads the pool through redis-py; resp:// reads the same "
+        "redis-server through LMCache's native client, 1.6-1.9x faster in docs/benchmarks.md (every "
+        "instance sharing the pool must use the same scheme: their keys differ)",
+        redact_url(remote_url),
+    )
+
+
 def check_at_startup(config: Any, environ: Any, require_remote: bool) -> None:
     """The remote store's startup check: misconfiguration raises (from the
     backend's check); an unavailable store raises only with
@@ -172,6 +193,7 @@ def check_at_startup(config: Any, environ: Any, require_remote: bool) -> None:
 
     if not getattr(config, "remote_url", None):
         return
+    hint_scheme(str(config.remote_url))
     try:
         if mooncake.uses_mooncake(config):
             mooncake.check_config(config, environ)
