@@ -18,10 +18,13 @@ computes every "remote" prompt once (its stores reach Redis) and stops;
 the reader starts with empty caches and serves the three kinds while one
 request decodes. For each arriving request: its TTFT, and the largest and
 p99 gap between the decoding request's tokens while it was in flight. Also,
-in the same run: a plain redis-py client reading the writer's values (what
-fetching the same bytes costs without the connector), against the
-connector's effective rate (the remote hit's KV bytes over its TTFT minus
-the vLLM hit's). Outputs of every remote hit equal the writer's cold ones
+in the same run: a plain client reading the pool one value at a time (what
+fetching the same bytes costs without the connector; redis-py with its
+pure-Python parser and, where installed, hiredis's; for Mooncake its own
+Python client), on the idle machine and beside a decoding request (as the
+remote hits ran), against the connector's effective rate (the remote hit's
+KV bytes over its TTFT minus the vLLM hit's). Each server's log says, per
+lookup that read the pool, its bytes, wall time, read time and check time. Outputs of every remote hit equal the writer's cold ones
 (greedy tokens; logprobs within 1e-3) or the run says so.
 
 The model is a random-weight Llama with 16 KiB of KV per token (float32; 8
@@ -32,8 +35,13 @@ Goals (issue 36), printed as ratios measured here: largest decode gap
 during a remote hit <= 1.2x the gap during a vLLM hit; remote TTFT <= the
 fetch time plus one step; fetch rate >= 0.7x the plain client's.
 
+The pool (``--scheme``): Redis through LMCache's redis:// connector
+(redis-py asyncio, the default) or its resp:// one (its native client), or
+Mooncake (a master and a segment holder on 127.0.0.1, TCP).
+
 Usage:
-  python bench/bench_remote_hit.py [--lengths 4096,8192,12288] [--repeats 2] [--json out.json]
+  python bench/bench_remote_hit.py [--lengths 4096,8192,12288] [--repeats 2]
+      [--scheme redis|resp|mooncake] [--json out.json] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -148,23 +156,19 @@ def arrive(port: int, model: str, kind: str, prompt: list[int], length: int, rep
                    statistics.median(before[-50:]) * 1e3, reply.tokens, reply.logprobs)
 
 
-def wait_pool_settled(url: str, quiet_s: float = 3.0, timeout: float = 300.0) -> int:
-    """Waits until the number of values in the pool stopped growing: the
+def _settle(count, quiet_s: float = 3.0, timeout: float = 300.0) -> int:
+    """Waits until ``count()`` (values in the pool) stopped growing: the
     writer's puts are asynchronous, and a server stopped with vLLM's default
     (abort) shutdown would lose those in flight."""
-    import redis
-
-    client = redis.Redis.from_url(url)
     deadline = time.monotonic() + timeout
     last, since = -1, time.monotonic()
     while time.monotonic() < deadline:
-        n = len(_value_keys(client))
+        n = count()
         if n != last:
             last, since = n, time.monotonic()
         elif n > 0 and time.monotonic() - since >= quiet_s:
             break
         time.sleep(0.25)
-    client.close()
     return last
 
 
@@ -177,32 +181,125 @@ def _value_keys(client) -> list[bytes]:
     return list(keys)
 
 
-def plain_client_rates(url: str) -> tuple[dict[str, float], int]:
-    """GB/s of redis-py GETs, one at a time, of every value in the pool, per
-    reply parser redis-py has here (its pure-Python one, and hiredis's C
-    parser where the ``hiredis`` package is installed: about 7x faster on
-    2 MiB values), and the bytes read."""
-    import redis
-    from redis.connection import _RESP2Parser
+class RedisPool:
+    """A redis-server read through LMCache's redis:// or resp:// connector."""
 
-    parsers = {"python": _RESP2Parser}
-    try:
-        from redis.connection import _HiredisParser
-        import hiredis  # noqa: F401
+    def __init__(self, work: Path, scheme: str) -> None:
+        self._server = RedisServer(work / "redis")
+        self._scheme = scheme
 
-        parsers["hiredis"] = _HiredisParser
-    except ImportError:
-        pass
-    rates, total = {}, 0
-    for name, parser in parsers.items():
-        client = redis.Redis.from_url(url, parser_class=parser)
-        keys = _value_keys(client)
+    def __enter__(self) -> "RedisPool":
+        self._server.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.__exit__(*exc)
+
+    def env(self) -> dict[str, str]:
+        url = self._server.url.replace("redis://", f"{self._scheme}://", 1)
+        return {"LMCACHE_REMOTE_URL": url, "LMCACHE_REMOTE_SERDE": "naive"}
+
+    def settle(self) -> int:
+        import redis
+
+        client = redis.Redis.from_url(self._server.url)
+        try:
+            return _settle(lambda: len(_value_keys(client)))
+        finally:
+            client.close()
+
+    def plain_rates(self) -> tuple[dict[str, float], int]:
+        """GB/s of redis-py GETs, one at a time, of every value in the pool,
+        per reply parser redis-py has here (its pure-Python one, and
+        hiredis's C parser where the ``hiredis`` package is installed: about
+        7x faster on 2 MiB values), and the bytes read."""
+        import redis
+        from redis.connection import _RESP2Parser
+
+        parsers = {"python": _RESP2Parser}
+        try:
+            import hiredis  # noqa: F401
+            from redis.connection import _HiredisParser
+
+            parsers["hiredis"] = _HiredisParser
+        except ImportError:
+            pass
+        rates, total = {}, 0
+        for name, parser in parsers.items():
+            client = redis.Redis.from_url(self._server.url, parser_class=parser)
+            keys = _value_keys(client)
+            t0 = time.perf_counter()
+            total = sum(len(client.get(k) or b"") for k in keys)
+            took = time.perf_counter() - t0
+            client.close()
+            rates[name] = total / took / 1e9
+        return rates, total
+
+
+class MooncakePool:
+    """A Mooncake master and segment holder on 127.0.0.1 (TCP), read through
+    LMCache's mooncakestore:// connector."""
+
+    def __init__(self, work: Path, pool_bytes: int) -> None:
+        from mooncake_server import MooncakeStore
+
+        # Room for what the writer stores, what the reader stores (its cold
+        # and vLLM-hit prompts are as long), and the plain client's values.
+        self._store = MooncakeStore(work / "mooncake", segment=f"{max(2, -(-4 * pool_bytes // (1 << 30)))}GB")
+
+    def __enter__(self) -> "MooncakePool":
+        self._store.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._store.__exit__(*exc)
+
+    def env(self) -> dict[str, str]:
+        return self._store.engine_env()
+
+    def _key_count(self) -> int:
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self._store.metrics_port}/metrics"
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+        return next(int(float(line.split()[1])) for line in text.splitlines() if line.startswith("master_key_count "))
+
+    def settle(self) -> int:
+        return _settle(self._key_count)
+
+    def plain_rates(self) -> tuple[dict[str, float], int]:
+        """GB/s of a plain Mooncake client (``MooncakeDistributedStore``,
+        one ``get_buffer`` at a time) reading values of the pool's value
+        size (up to 128 of them): Mooncake lists no keys, so it reads values
+        it put itself, of the same size, from the same store."""
+        import numpy as np
+        from mooncake.store import MooncakeDistributedStore
+
+        n = min(128, self._key_count())
+        size = CHUNK * KV_BYTES_PER_TOKEN
+        store = MooncakeDistributedStore()
+        setup = {k[len("mooncake_"):]: str(v) for k, v in
+                 self._store.extra_config(mooncake_local_buffer_size=256 << 20).items()}
+        assert store.setup(setup) == 0, "Mooncake setup failed"
+        value = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8).tobytes()
+        keys = [f"plain-{i}" for i in range(n)]
+        for key in keys:
+            assert store.put(key, value) == 0, "Mooncake put failed"
         t0 = time.perf_counter()
-        total = sum(len(client.get(k) or b"") for k in keys)
+        total = 0
+        for key in keys:
+            buf = store.get_buffer(key)
+            total += len(memoryview(buf))
         took = time.perf_counter() - t0
-        client.close()
-        rates[name] = total / took / 1e9
-    return rates, total
+        for key in keys:
+            store.remove(key)
+        store.close()
+        return {"mooncake get_buffer": total / took / 1e9}, total
+
+
+def remote_prompts_bytes(prompts: dict) -> list[int]:
+    """KV bytes of each prompt's whole chunks (what the writer stores)."""
+    return [len(p) // CHUNK * CHUNK * KV_BYTES_PER_TOKEN for p in prompts.values()]
 
 
 def main() -> int:
@@ -210,8 +307,9 @@ def main() -> int:
     ap.add_argument("--lengths", default="4096,8192,12288", help="prompt tokens, comma-separated")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
-    ap.add_argument("--scheme", choices=("redis", "resp"), default="redis",
-                    help="LMCache's connector: redis:// (redis-py asyncio) or resp:// (its native client)")
+    ap.add_argument("--scheme", choices=("redis", "resp", "mooncake"), default="redis",
+                    help="the pool: Redis through LMCache's redis:// (redis-py asyncio) or resp:// (its "
+                         "native client) connector, or Mooncake (mooncakestore://, TCP on 127.0.0.1)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep server logs here")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -230,16 +328,17 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        with RedisServer(work / "redis") as redis_srv:
-            url = redis_srv.url.replace("redis://", f"{args.scheme}://", 1)
-            os.environ.update(LMCACHE_REMOTE_URL=url, LMCACHE_REMOTE_SERDE="naive")
+        pool_bytes = sum(remote_prompts_bytes(remote_prompts))
+        pool = MooncakePool(work, pool_bytes) if args.scheme == "mooncake" else RedisPool(work, args.scheme)
+        with pool:
+            os.environ.update(pool.env())
             log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
             writer = Server(spec, work / "writer.log")
             try:
                 writer.wait_ready(START_TIMEOUT_S, log, "writer")
                 reference = {key: complete(writer.port, model, p, 4, REQUEST_TIMEOUT_S)
                              for key, p in remote_prompts.items()}
-                log(f"writer: {wait_pool_settled(redis_srv.url)} chunks in the pool")
+                log(f"writer: {pool.settle()} chunks in the pool")
             finally:
                 writer.stop()
             reader = Server(spec, work / "reader.log")
@@ -253,11 +352,20 @@ def main() -> int:
                         arrivals.append(arrive(reader.port, model, "cold", other, n, r))
                         arrivals.append(arrive(reader.port, model, "vllm", other, n, r))
                         arrivals.append(arrive(reader.port, model, "remote", remote_prompts[(n, r)], n, r))
+                # Like with like: the plain client also reads while a request
+                # decodes on this machine, as every remote hit above did.
+                dec = Decoder(reader.port, model, seed=77)
+                try:
+                    dec.wait_steady()
+                    beside, _ = pool.plain_rates()
+                finally:
+                    dec.stop()
             finally:
                 reader.stop()
-            rates, pool_bytes = plain_client_rates(redis_srv.url)
-    # The goal's reference: the fastest plain client this machine has.
-    rate_gbs = max(rates.values())
+            rates, pool_bytes = pool.plain_rates()
+    # The goal's reference: the fastest plain client this machine has, on
+    # an idle machine and beside a decode.
+    rate_gbs, beside_gbs = max(rates.values()), max(beside.values())
 
     exact = []
     for a in arrivals:
@@ -279,21 +387,25 @@ def main() -> int:
             print(f"| {n} | {kind} | {cell['ttft_s']:.2f} | {cell['cached_tokens']:.0f} | {cell['max_gap_ms']:.0f} | "
                   f"{cell['p99_gap_ms']:.0f} | {cell['median_gap_ms']:.0f} |")
     print()
-    print("| prompt tokens | gap remote / vLLM hit (goal <= 1.2) | fetch GB/s | / plain redis-py GETs (goal >= 0.7) |")
-    print("|---|---|---|---|")
+    print("| prompt tokens | gap remote / vLLM hit (goal <= 1.2) | fetch GB/s | / plain client, idle "
+          "(goal >= 0.7) | / plain client beside a decode |")
+    print("|---|---|---|---|---|")
     for n in lengths:
         remote, vhit = summary[(n, "remote")], summary[(n, "vllm")]
         fetch_s = remote["ttft_s"] - vhit["ttft_s"]
         fetched = remote["cached_tokens"] * KV_BYTES_PER_TOKEN / 1e9
         rate = fetched / fetch_s if fetch_s > 0 else float("inf")
-        print(f"| {n} | {remote['max_gap_ms'] / vhit['max_gap_ms']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} |")
-    print(f"plain redis-py GETs of the pool's {pool_bytes / 1e6:.0f} MB: "
-          + ", ".join(f"{rate:.2f} GB/s ({name} parser)" for name, rate in rates.items())
-          + ("" if "hiredis" in rates else "; hiredis is not installed, so the reference is redis-py's "
-             "pure-Python parser (pip install hiredis for the C parser's)"))
+        print(f"| {n} | {remote['max_gap_ms'] / vhit['max_gap_ms']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} | "
+              f"{rate / beside_gbs:.2f} |")
+    print(f"plain client reading {pool_bytes / 1e6:.0f} MB, one value at a time: "
+          + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in rates.items()) + " idle; "
+          + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in beside.items()) + " beside a decode"
+          + ("" if args.scheme == "mooncake" or "hiredis" in rates else
+             "; hiredis is not installed, so the reference is redis-py's pure-Python parser "
+             "(pip install hiredis for the C parser's)"))
     print(f"remote hits equal to the writer's cold outputs: {sum(exact)}/{len(exact)}")
     if args.json:
-        args.json.write_text(json.dumps({"arrivals": [asdict(a) for a in arrivals], "plain_gbs": rates, "scheme": args.scheme,
+        args.json.write_text(json.dumps({"arrivals": [asdict(a) for a in arrivals], "plain_gbs": rates, "plain_beside_decode_gbs": beside, "scheme": args.scheme,
                                          "exact": exact}, indent=1))
     return 0 if all(exact) else 1
 
