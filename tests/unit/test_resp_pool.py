@@ -24,7 +24,7 @@ from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext  # noqa: E402
 from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine  # noqa: E402
 from lmcache_ascend.lmcache_bridge.integrity import staging  # noqa: E402
-from lmcache_ascend.planning.groups import ChunkRequest  # noqa: E402
+from pattern_kv import PatternKV, pattern  # noqa: E402
 from redis_server import RedisServer, ensure_redis_server  # noqa: E402
 
 CHUNK = 16
@@ -34,19 +34,11 @@ TOKENS = list(range(5000, 5000 + N_CHUNKS * CHUNK))
 
 
 def _pattern(start: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(start + 7)
-    return torch.randint(0, 256, (CHUNK_BYTES,), dtype=torch.uint8, generator=gen)
+    return pattern(start, CHUNK_BYTES)
 
 
-class _KV:
-    def __init__(self) -> None:
-        self.loaded: dict[int, torch.Tensor] = {}
-
-    def store(self, buf: torch.Tensor, req: ChunkRequest) -> None:
-        buf[:CHUNK_BYTES].copy_(_pattern(req.start))
-
-    def load(self, buf: torch.Tensor, req: ChunkRequest) -> None:
-        self.loaded[req.start] = buf[:CHUNK_BYTES].clone()
+def _KV() -> PatternKV:
+    return PatternKV(CHUNK_BYTES)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +49,7 @@ def server(tmp_path_factory):
         yield s
 
 
-def _engine(url: str, model: str, kv: _KV) -> WorkerEngine:
+def _engine(url: str, model: str, kv: PatternKV) -> WorkerEngine:
     config = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=0.05, remote_url=url, remote_serde="naive",
         pre_caching_hash_algorithm="sha256_cbor", save_unfull_chunk=False)

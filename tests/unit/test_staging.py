@@ -24,7 +24,7 @@ from lmcache.v1.config import LMCacheEngineConfig
 from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext
 from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine
 from lmcache_ascend.lmcache_bridge.integrity import staging
-from lmcache_ascend.planning.groups import ChunkRequest
+from pattern_kv import PatternKV, pattern
 
 CHUNK = 16
 CHUNK_BYTES = 4096
@@ -32,25 +32,14 @@ TOKENS = list(range(1000, 1000 + 4 * CHUNK))  # four whole chunks
 
 
 def _pattern(start: int) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(start + 1)
-    return torch.randint(0, 256, (CHUNK_BYTES,), dtype=torch.uint8, generator=gen)
+    return pattern(start, CHUNK_BYTES)
 
 
-class _KV:
-    """Stands for vLLM's paged KV: a store reads the pattern of the chunk's
-    start, a load records the bytes it was given."""
-
-    def __init__(self) -> None:
-        self.loaded: dict[int, torch.Tensor] = {}
-
-    def store(self, buf: torch.Tensor, req: ChunkRequest) -> None:
-        buf[:CHUNK_BYTES].copy_(_pattern(req.start))
-
-    def load(self, buf: torch.Tensor, req: ChunkRequest) -> None:
-        self.loaded[req.start] = buf[:CHUNK_BYTES].clone()
+def _KV() -> PatternKV:
+    return PatternKV(CHUNK_BYTES)
 
 
-def _engine(kv: _KV, **config: Any) -> WorkerEngine:
+def _engine(kv: PatternKV, **config: Any) -> WorkerEngine:
     """A real LMCache engine of this connector's shape; ``config``: its storage."""
     config = LMCacheEngineConfig.from_defaults(
         chunk_size=CHUNK, max_local_cpu_size=0.05, pre_caching_hash_algorithm="sha256_cbor",
@@ -103,7 +92,7 @@ def _lookup(engine: WorkerEngine, lookup_id: str) -> int:
     return engine.engine.lookup(tokens=TOKENS, lookup_id=lookup_id, pin=True)
 
 
-def _load(engine: WorkerEngine, lookup_id: str, kv: _KV) -> int:
+def _load(engine: WorkerEngine, lookup_id: str, kv: PatternKV) -> int:
     claim = engine.claim(lookup_id)
     assert claim is not None
     try:
