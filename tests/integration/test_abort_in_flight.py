@@ -101,7 +101,6 @@ class Damaged:
 
 
 def _damage_after(srv: Server, redis: RedisServer, body: dict, chunk: int) -> Damaged:
-    bases = []
     with redis.client() as c:
         keys = c.keys()
         bases = [chunk_base(keys, h) for h in chunk_hashes(body["prompt"], chunk)]

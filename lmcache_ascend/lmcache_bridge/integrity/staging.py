@@ -243,11 +243,14 @@ class LookupStaging:
         timing = _Timing()
         out: list[StagedChunk] = []
         windows = [chunks[i : i + FETCH_WINDOW] for i in range(0, len(chunks), FETCH_WINDOW)]
-        pending: Optional[Future] = self._fetcher().submit(self._fetch, windows[0], search_range, timing)
+        # The first window is read on this thread: a lookup of one window
+        # (most of them, and every miss) pays no hand-off to the fetch thread.
+        fetched, complete = self._fetch(windows[0], search_range, timing)
+        pending: Optional[Future] = None
         for k, window in enumerate(windows):
-            assert pending is not None
-            fetched, complete = pending.result()
-            pending = None
+            if pending is not None:
+                fetched, complete = pending.result()
+                pending = None
             if complete and k + 1 < len(windows):
                 pending = self._fetcher().submit(self._fetch, windows[k + 1], search_range, timing)
             t0 = time.perf_counter()
