@@ -80,7 +80,9 @@ venv:
 
 $(BUILD_STAMP): $(NATIVE_SRC) | venv
 	@echo "[build] building lmcache_ascend (native ops) in place for stack $(PRIMARY_STACK)"
+	@rm -f build/native-build.txt
 	$(BUILD_ENV) $(PY) $(PIP_BUILD) 2>&1 | tail -n 20; test $${PIPESTATUS[0]} -eq 0
+	@cat build/native-build.txt 2>/dev/null || true
 	touch $@
 
 build: venv $(BUILD_STAMP)
@@ -125,12 +127,15 @@ test-compat: system-deps
 	done; if [ -n "$$failed" ]; then echo "[test] FAILED on:$$failed"; exit 1; fi
 
 # One compatibility stack, STACK=vllm-0.23: install it (once per machine),
-# copy the tree to build/stacks/<stack>/src and build it there (incremental).
+# copy the tree to build/stacks/<stack>/src and build it there (incremental,
+# or the modules another tree of the same torch built: setup.py, _BuildCache).
 prepare-stack:
 	@test -n "$(STACK)" || { echo "usage: make prepare-stack STACK=<name>"; exit 2; }
 	$(STACKS) sync build/stacks/$(STACK)/src
 	@$(STACKS) overlay $(STACK) build/stacks/$(STACK)/venv >/dev/null
+	@rm -f build/stacks/$(STACK)/src/build/native-build.txt
 	cd build/stacks/$(STACK)/src && $(BUILD_ENV) ../venv/bin/python $(PIP_BUILD) 2>&1 | tail -n 20; test $${PIPESTATUS[0]} -eq 0
+	@cat build/stacks/$(STACK)/src/build/native-build.txt 2>/dev/null || true
 
 # Its last line gives the stack's wall time (preparing included), so each
 # stack's log under `make test` records its own.

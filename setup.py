@@ -6,12 +6,14 @@ extension.  The CMake build tree is kept under build/ so that rebuilds
 (including `pip install -e .`) only recompile what changed.
 """
 
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Optional
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -53,6 +55,24 @@ class CMakeBuild(build_ext):
         # several stacks (torch versions) side by side.
         tag = f"{sysconfig.get_platform()}-{sys.implementation.cache_tag}-torch{torch.__version__}"
         build_dir = ROOT / "build" / f"cmake-{tag}"
+        cache = _BuildCache(torch, target)
+        if cache.restore():
+            # The tree's own outputs no longer match what is in place, so a
+            # later edit must rebuild from scratch, never relink stale objects.
+            shutil.rmtree(build_dir, ignore_errors=True)
+        else:
+            self._cmake_build(build_dir, target, torch)
+            cache.store()
+        if target != out:
+            shutil.copy2(target, out)
+            shutil.copy2(target.parent / "_build_info.py", out.parent / "_build_info.py")
+        # Older builds wrote the AscendC simulation into the package; it is a
+        # test-only module now (build/ascend-sim/) and must not be imported
+        # or shipped from there.
+        for stale in target.parent.glob("_ascend_sim*.so"):
+            stale.unlink()
+
+    def _cmake_build(self, build_dir: Path, target: Path, torch) -> None:
         build_dir.mkdir(parents=True, exist_ok=True)
         build_type = os.environ.get("LMCA_BUILD_TYPE", "Release")
         cmake = _tool("cmake")
@@ -85,14 +105,152 @@ class CMakeBuild(build_ext):
             "# Written by setup.py when the native modules were built; do not edit.\n"
             f"TORCH_VERSION = {torch.__version__!r}\n"
         )
-        if target != out:
-            shutil.copy2(target, out)
-            shutil.copy2(target.parent / "_build_info.py", out.parent / "_build_info.py")
-        # Older builds wrote the AscendC simulation into the package; it is a
-        # test-only module now (build/ascend-sim/) and must not be imported
-        # or shipped from there.
-        for stale in target.parent.glob("_ascend_sim*.so"):
-            stale.unlink()
+
+
+class _BuildCache:
+    """Built modules kept per machine, keyed by everything the build reads.
+
+    The compatibility stacks build the same sources against the same torch
+    (the stacks of one torch share its install) with the same compiler: the
+    modules come out byte-identical, and compiling them again cost about 1.5
+    CPU-minutes per stack. The key hashes the sources (csrc/, CMakeLists.txt,
+    this file), torch (version, install, library), the interpreter, the
+    compiler, cmake and the build's environment; a hit copies the modules
+    in place of the build and says so. LMCA_BUILD_CACHE=0 turns it off, a
+    path moves it. With a CANN toolkit the Ascend kernels also depend on
+    the toolkit's contents, which the key cannot see: no cache there.
+    """
+
+    KEEP = 6  # newest entries kept: a few torch versions and source states
+
+    def __init__(self, torch, target: Path) -> None:
+        self.torch_version = torch.__version__
+        self.files = {target.name: target, "_build_info.py": target.parent / "_build_info.py"}
+        self.sim_dir = ROOT / "build" / "ascend-sim"
+        self.status_file = ROOT / "build" / "native-build.txt"
+        self.root, self.why_not = self._root()
+        self.key = self._key(torch, target) if self.root is not None else ""
+
+    @staticmethod
+    def _root() -> tuple[Optional[Path], str]:
+        setting = os.environ.get("LMCA_BUILD_CACHE", "").strip()
+        if setting.lower() in ("0", "off", "no", "false"):
+            return None, f"LMCA_BUILD_CACHE={setting}"
+        if _cann_path() and not _truthy(os.environ.get("LMCA_DISABLE_ASCEND", "")):
+            return None, "a CANN toolkit is present: the Ascend kernels depend on it"
+        if setting:
+            return Path(setting).expanduser(), ""
+        base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        return Path(base) / "lmcache-ascend" / "native-builds", ""
+
+    def _key(self, torch, target: Path) -> str:
+        h = hashlib.sha256()
+
+        def add(label: str, value) -> None:
+            h.update(f"{label}={value}\0".encode())
+
+        for path in sorted([*(ROOT / "csrc").rglob("*"), ROOT / "CMakeLists.txt", Path(__file__).resolve()]):
+            if path.is_file():
+                add("file", path.relative_to(ROOT))
+                h.update(path.read_bytes())
+        torch_dir = Path(torch.__file__).resolve().parent
+        libtorch = torch_dir / "lib" / "libtorch_cpu.so"
+        stat = libtorch.stat() if libtorch.exists() else None
+        add("torch", (self.torch_version, torch_dir, stat and (stat.st_size, stat.st_mtime_ns)))
+        add("python", (sys.version, Path(sys.executable).resolve(), sysconfig.get_paths()["include"],
+                       sysconfig.get_config_var("EXT_SUFFIX"), target.name))
+        cxx = os.environ.get("CXX", "c++")
+        found = shutil.which(cxx)
+        add("compiler", (cxx, found and Path(found).resolve(), _version_of(cxx)))
+        # Each venv has its own cmake launcher: its version is what counts.
+        add("cmake", _version_of(_tool("cmake")))
+        for var in ("CXX", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "CMAKE_ARGS", "LMCA_BUILD_TYPE", "LMCA_DISABLE_ASCEND"):
+            add("env", (var, os.environ.get(var)))
+        add("sim", _sim_requested())
+        return h.hexdigest()[:24]
+
+    def _entry_files(self, entry: Path) -> dict[str, Path]:
+        files = dict(self.files)
+        if _sim_requested():
+            for name in ("lmca_ascend_sim.pyi", *(p.name for p in entry.glob("lmca_ascend_sim*.so"))):
+                files[name] = self.sim_dir / name
+        return files
+
+    def restore(self) -> bool:
+        if self.root is None:
+            return False
+        entry = self.root / self.key
+        if not (entry / "complete").exists():
+            return False
+        try:
+            for name, dest in self._entry_files(entry).items():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(entry / name, dest)
+            os.utime(entry)  # newest used: kept longest
+        except OSError as e:
+            self._say(f"lmcache-ascend: native build cache entry {entry} unreadable ({e}); building")
+            return False
+        self._say(f"lmcache-ascend: native ops for torch {self.torch_version} reused from {entry} "
+                  "(same sources, torch, interpreter and compiler; LMCA_BUILD_CACHE=0 builds)")
+        return True
+
+    def store(self) -> None:
+        if self.root is None:
+            self._say(f"lmcache-ascend: native ops built for torch {self.torch_version} "
+                      f"(build cache off: {self.why_not})")
+            return
+        entry = self.root / self.key
+        tmp = self.root / f".tmp-{self.key}-{os.getpid()}"
+        try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            files = dict(self.files)
+            if _sim_requested():
+                files.update({p.name: p for p in self.sim_dir.glob("lmca_ascend_sim*")})
+            for name, src in files.items():
+                shutil.copy2(src, tmp / name)
+            (tmp / "complete").write_text(self.key + "\n")
+            if entry.exists():
+                shutil.rmtree(tmp)  # another build stored the same modules first
+            else:
+                os.replace(tmp, entry)
+            for old in sorted((p for p in self.root.iterdir() if not p.name.startswith(".")),
+                              key=lambda p: p.stat().st_mtime, reverse=True)[self.KEEP:]:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._say(f"lmcache-ascend: native ops built for torch {self.torch_version}; "
+                      f"not kept in {self.root} ({e})")
+            return
+        self._say(f"lmcache-ascend: native ops built for torch {self.torch_version}, kept in {entry}")
+
+    def _say(self, line: str) -> None:
+        print(line, flush=True)
+        self._write_status(line)
+
+    def _write_status(self, line: str) -> None:
+        # pip -q shows no build output: the Makefile prints this file.
+        self.status_file.parent.mkdir(parents=True, exist_ok=True)
+        self.status_file.write_text(line + "\n")
+
+
+def _version_of(tool: str) -> str:
+    try:
+        return subprocess.run([tool, "--version"], capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return "missing"
+
+
+def _cann_path() -> str:
+    for var in ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME"):
+        value = os.environ.get(var, "")
+        if value and Path(value).exists():
+            return value
+    return ""
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "on", "true", "yes")
 
 
 def _sim_requested() -> bool:
