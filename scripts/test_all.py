@@ -73,6 +73,37 @@ class Job:
         return rc
 
 
+class _BusyWindows:
+    """How busy the cores were in each WINDOW_S of the run, and what ran:
+    where the machine idles is where a better schedule can gain, and where
+    it is saturated only less work can (printed at the end)."""
+
+    WINDOW_S = 300.0
+
+    def __init__(self, jiffies: Optional[tuple[int, int]], start: float) -> None:
+        self.last, self.start, self.t0 = jiffies, start, time.time()
+        self.ran: set[str] = set()
+        self.rows: list[str] = []
+
+    def sample(self, primary_running: bool, stacks: list[str], preparing: Optional[str]) -> None:
+        self.ran.update((["primary"] if primary_running else []) + stacks
+                        + ([f"preparing {preparing}"] if preparing else []))
+        if self.last is None or time.time() - self.t0 < self.WINDOW_S:
+            return
+        now = cpu_jiffies()
+        if now is not None and now[1] > self.last[1]:
+            busy = (now[0] - self.last[0]) / (now[1] - self.last[1])
+            self.rows.append(f"{(self.t0 - self.start) / 60:4.1f}-{(time.time() - self.start) / 60:4.1f} min "
+                             f"{busy:4.0%}: {', '.join(sorted(self.ran))}")
+        self.last, self.t0, self.ran = now, time.time(), set()
+
+    def report(self) -> None:
+        if self.rows:
+            say("cores busy per window (and what ran in it):")
+            for row in self.rows:
+                print(f"    {row}")
+
+
 def make(*args: str) -> list[str]:
     return [os.environ.get("MAKE", "make"), "--no-print-directory", *args]
 
@@ -108,7 +139,9 @@ def run(opts: argparse.Namespace) -> int:
     results: dict[str, str] = {}
     finished_at: dict[str, str] = {}
 
+    windows = _BusyWindows(cpu_start, start)
     while True:
+        windows.sample(primary_rc is None, [j.name for j in running], preparing and preparing.name)
         if preparing is not None and (rc := preparing.done()) is not None:
             (prepared if rc == 0 else prepare_failed).append(preparing.name)
             prepare_log.write(f"[test] prepared stack {preparing.name} in {minutes(preparing.started)}"
@@ -158,6 +191,7 @@ def run(opts: argparse.Namespace) -> int:
         cores = os.cpu_count() or 1
         busy = (cpu_end[0] - cpu_start[0]) / (cpu_end[1] - cpu_start[1])
         say(f"cores busy while testing: {busy * cores:.2f} of {cores} on average ({busy:.0%})")
+        windows.report()
     say(f"total wall time {total_s / 60:.1f} min (setup included); goal {opts.goal_min} min")
     if total_s > opts.goal_min * 60:
         say(f"WARNING: over the {opts.goal_min}-minute goal (a warning, not a failure)")
