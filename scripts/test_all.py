@@ -85,10 +85,11 @@ class _BusyWindows:
         self.ran: set[str] = set()
         self.rows: list[str] = []
 
-    def sample(self, primary_running: bool, stacks: list[str], preparing: Optional[str]) -> None:
+    def sample(self, primary_running: bool, stacks: list[str], preparing: Optional[str],
+               last: bool = False) -> None:
         self.ran.update((["primary"] if primary_running else []) + stacks
                         + ([f"preparing {preparing}"] if preparing else []))
-        if self.last is None or time.time() - self.t0 < self.WINDOW_S:
+        if self.last is None or time.time() - self.t0 < (10.0 if last else self.WINDOW_S):
             return
         now = cpu_jiffies()
         if now is not None and now[1] > self.last[1]:
@@ -98,6 +99,7 @@ class _BusyWindows:
         self.last, self.t0, self.ran = now, time.time(), set()
 
     def report(self) -> None:
+        self.sample(False, [], None, last=True)  # the tail: the last, shorter window
         if self.rows:
             say("cores busy per window (and what ran in it):")
             for row in self.rows:
