@@ -169,11 +169,11 @@ class _BuildCache:
         add("sim", _sim_requested())
         return h.hexdigest()[:24]
 
-    def _entry_files(self, entry: Path) -> dict[str, Path]:
+    def _built_files(self) -> dict[str, Path]:
+        """Entry name -> where the build leaves it (and a hit puts it)."""
         files = dict(self.files)
         if _sim_requested():
-            for name in ("lmca_ascend_sim.pyi", *(p.name for p in entry.glob("lmca_ascend_sim*.so"))):
-                files[name] = self.sim_dir / name
+            files.update({p.name: p for p in self.sim_dir.glob("lmca_ascend_sim*")})
         return files
 
     def restore(self) -> bool:
@@ -183,9 +183,12 @@ class _BuildCache:
         if not (entry / "complete").exists():
             return False
         try:
-            for name, dest in self._entry_files(entry).items():
+            for kept in entry.iterdir():
+                if kept.name == "complete":
+                    continue
+                dest = self.files.get(kept.name, self.sim_dir / kept.name)
                 dest.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(entry / name, dest)
+                shutil.copy2(kept, dest)
             os.utime(entry)  # newest used: kept longest
         except OSError as e:
             self._say(f"lmcache-ascend: native build cache entry {entry} unreadable ({e}); building")
@@ -204,10 +207,7 @@ class _BuildCache:
         try:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            files = dict(self.files)
-            if _sim_requested():
-                files.update({p.name: p for p in self.sim_dir.glob("lmca_ascend_sim*")})
-            for name, src in files.items():
+            for name, src in self._built_files().items():
                 shutil.copy2(src, tmp / name)
             (tmp / "complete").write_text(self.key + "\n")
             if entry.exists():
@@ -226,9 +226,6 @@ class _BuildCache:
 
     def _say(self, line: str) -> None:
         print(line, flush=True)
-        self._write_status(line)
-
-    def _write_status(self, line: str) -> None:
         # pip -q shows no build output: the Makefile prints this file.
         self.status_file.parent.mkdir(parents=True, exist_ok=True)
         self.status_file.write_text(line + "\n")
@@ -256,7 +253,7 @@ def _truthy(value: str) -> bool:
 def _sim_requested() -> bool:
     """LMCA_BUILD_ASCEND_SIM=1 (the Makefile's test build) adds the test-only
     AscendC simulation module; anything else, or unset, leaves it out."""
-    return os.environ.get("LMCA_BUILD_ASCEND_SIM", "0").strip().lower() in ("1", "on", "true", "yes")
+    return _truthy(os.environ.get("LMCA_BUILD_ASCEND_SIM", "0"))
 
 
 def _tool(name: str) -> str:
