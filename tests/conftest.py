@@ -2,8 +2,11 @@
 (layout fixtures and their oracle) and `support` (fault injection, shared
 by the integration tests and the engine processes they start)."""
 
+import gc
 import sys
 from pathlib import Path
+
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 for path in (TESTS, TESTS / "support"):
@@ -44,6 +47,28 @@ def _engine_environment() -> None:
 
 
 _engine_environment()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _gc_heap_frozen_between_modules():
+    """After each test module: collect what it left, then move what is
+    still alive (vLLM, torch and transformers once a test imported them:
+    about two million objects) to the permanent generation. Python's cyclic
+    GC otherwise scans all of it at every full collection: 48 of them took
+    19.5 s of the unit suite's 194 CPU-seconds on 2 cores. The collect scans
+    only what the module allocated; tests that check something is freed
+    (gc.collect() in the test) collect their own objects as before."""
+    yield
+    gc.collect()
+    gc.freeze()
+
+
+def pytest_unconfigure(config):
+    """Back to the ordinary generations before the interpreter exits: its
+    final collection frees what the tests left, and native modules that
+    count their objects at exit (triton's nanobind) would otherwise report
+    each frozen one as leaked."""
+    gc.unfreeze()
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -148,6 +148,7 @@ def _child(req: dict) -> None:
 def serve(state_dir: Path) -> int:
     """The zygote's loop: one JSON request per stdin line, one JSON reply per
     stdout line; each child's exit status goes to ``state_dir/exit-<pid>``."""
+    import gc
     import importlib
     import threading
 
@@ -158,11 +159,25 @@ def serve(state_dir: Path) -> int:
     os.dup2(2, 1)
     reply = os.fdopen(reply_fd, "w")
     stop_recording, reads = _record_environ_reads()
+    # Python's cyclic GC ran about ten full collections while the imports
+    # built their two million objects (2.2 s of a zygote's start-up on 2
+    # cores), and every engine forked after it scanned them all again at
+    # each full collection of its own, vLLM's explicit gc.collect() calls
+    # included (about 2 s per engine), writing to every page it shares with
+    # the zygote. So the imports run without it, and what they built goes to
+    # the permanent generation (gc.freeze, what vLLM's own engine core does
+    # once started): a child collects only what it allocated itself. A
+    # frozen object that becomes cyclic garbage in a child stays allocated
+    # until the child exits; nothing it computes changes.
+    gc.disable()
     try:
         for name in EAGER:  # an error ends the zygote; the caller starts fresh processes
             importlib.import_module(name)
     finally:
         stop_recording()
+        gc.enable()
+    gc.collect()
+    gc.freeze()
     # The imports start OpenBLAS' thread servers (numpy's and OpenCV's, as a
     # fresh engine process has them), which OpenBLAS stops before a fork
     # (its pthread_atfork handler) and restarts on use. Nothing may start
