@@ -224,11 +224,11 @@ def test_chunk_larger_than_lmcache_buffer_is_refused():
 
 def _fresh(code: str, **env: str):
     import os
-    import subprocess
-    import sys
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env=dict(os.environ, **env), timeout=300)
+    import fresh_python
+
+    out = fresh_python.run(code, capture_output=True, text=True,
+                           env=dict(os.environ, **env), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
+import fresh_python
 import pytest
 
 pytest.importorskip("vllm", reason="LMCache seeds chunk hashes from vLLM")
@@ -48,7 +47,7 @@ def _run(seed: str | None = None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
     if seed is not None:
         env["PYTHONHASHSEED"] = seed
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=300)
+    out = fresh_python.run(_PROBE, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -152,8 +152,7 @@ def test_hnd_bundled_is_one_call_for_all_heads(ops):
 
 
 def test_planning_modules_import_neither_vllm_nor_lmcache_nor_native_ops():
-    import subprocess
-    import sys
+    import fresh_python
 
     code = (
         "import sys, pkgutil, importlib, lmcache_ascend.planning, lmcache_ascend.transfer\n"
@@ -167,7 +166,7 @@ def test_planning_modules_import_neither_vllm_nor_lmcache_nor_native_ops():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, cwd=root)
+    fresh_python.run(code, check=True, timeout=120, cwd=root)
 
 
 def test_copy_threads_are_logged_and_a_serial_build_is_warned(caplog):

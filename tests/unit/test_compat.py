@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 
+import fresh_python
 import pytest
 
 from lmcache_ascend import compat
@@ -15,7 +15,7 @@ from lmcache_ascend import compat
 
 def _fresh(code: str, **env: str) -> subprocess.CompletedProcess:
     full = dict(os.environ, **env)
-    return subprocess.run([sys.executable, "-c", code], env=full, capture_output=True, text=True, timeout=300)
+    return fresh_python.run(code, env=full, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize(

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import fresh_python
 import pytest
 
 pytestmark = pytest.mark.pure
@@ -232,7 +231,7 @@ FRESH_IMPORTS = (
 
 @pytest.mark.parametrize("module", FRESH_IMPORTS)
 def test_importing_a_lower_package_loads_no_upper_code_and_installs_nothing(module):
-    out = subprocess.run([sys.executable, "-c", _PROBE, module], capture_output=True, text=True,
+    out = fresh_python.run(_PROBE, module, capture_output=True, text=True,
                          timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])

@@ -15,9 +15,9 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
+import fresh_python
 import pytest
 
 from lmcache_ascend.compat import installed_lmcache_version
@@ -58,7 +58,7 @@ RELEASE = installed_lmcache_version()
 
 
 def _fresh(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    return fresh_python.run(code, capture_output=True, text=True, timeout=300,
                           env=dict(os.environ))
 
 

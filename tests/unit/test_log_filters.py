@@ -8,10 +8,9 @@ line must appear exactly once however often LMCache repeats its own."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
+import fresh_python
 import pytest
 
 SCRIPT = textwrap.dedent('''
@@ -48,7 +47,7 @@ def _run(mode: str) -> str:
     env = dict(os.environ)
     env.pop("PYTHONHASHSEED", None)  # the condition LMCache advises on
     env["LMCACHE_LOG_LEVEL"] = "INFO"
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, mode], env=env, capture_output=True,
+    proc = fresh_python.run(SCRIPT, mode, env=env, capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0 and "DONE" in proc.stderr, proc.stderr[-3000:]
     return proc.stderr
