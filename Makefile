@@ -113,9 +113,21 @@ typecheck: venv $(TYPECHECK_STAMP)
 # 2-core machine (load average 4.5; vllm-0.26 took 28.6 min instead of 19,
 # the primary suite had run 5% of its tests after 43 min): one it is.
 COMPAT_BESIDE ?= 1
+# A second stack joins it only when every stack is prepared and the cores
+# were under COMPAT_IDLE_BELOW busy over the last 2 minutes (the primary
+# suite and one stack left 12-22% of two cores idle for 15 minutes).
+COMPAT_BESIDE_MAX ?= 2
+COMPAT_IDLE_BELOW ?= 0.85
+# The order stacks are prepared and tested in: longest first (their wall
+# times in the fresh-cache run of 7fbafa0: 16.6, 8.8, 8.4, 6.5 and 6.2 min),
+# so the stacks left after the primary suite, where the cores idle most, are
+# the shortest. COMPAT_STACKS' order is the facts order (stack_facts.ORDER:
+# which stack covers which compat test) and is not changed by this one.
+COMPAT_RUN_ORDER ?= vllm-0.26 vllm-0.30 vllm-0.23 vllm-0.29 vllm-0.27
 test: system-deps build typecheck
 	@$(PYTHON) scripts/test_all.py --primary $(PRIMARY_STACK) --compat $(COMPAT_STACKS) \
-	  --beside $(COMPAT_BESIDE) --jobs $(COMPAT_JOBS) --goal-min $(TEST_GOAL_MIN) --start $(MAKE_START)
+	  --order $(COMPAT_RUN_ORDER) --beside $(COMPAT_BESIDE) --beside-max $(COMPAT_BESIDE_MAX) \
+	  --idle-below $(COMPAT_IDLE_BELOW) --jobs $(COMPAT_JOBS) --goal-min $(TEST_GOAL_MIN) --start $(MAKE_START)
 
 test-primary: system-deps build
 	@echo "[test] stack $(PRIMARY_STACK): the whole suite"

@@ -8,7 +8,14 @@ compat engine tests alone, 56% of two cores. So the compatibility stacks do
 not wait for the primary suite: each one is installed and built in the
 background (one at a time: downloads and unpacking), then tested beside the
 primary suite, ``--beside`` stacks at a time while it runs and ``--jobs``
-once it has ended. Each stack writes its own log,
+once it has ended. While the primary suite runs, a second stack joins the
+first when every stack is prepared and the cores were less than
+``--idle-below`` busy over the last ``--idle-window-s`` (the primary suite
+and one stack left 12-22% of two cores idle for 15 minutes of a run; two
+stacks beside it at all times overloaded the machine). Stacks are tested
+longest first (``--order``; the Makefile's ``COMPAT_RUN_ORDER``), so what
+runs after the primary suite, where the cores idle most, is the shortest.
+Each stack writes its own log,
 ``build/stacks/<stack>.test.log``, printed when everything has ended; the
 primary suite prints to the terminal as it runs.
 
@@ -17,7 +24,8 @@ passed, and the last lines name those that did not.
 
 Usage (the Makefile passes its variables):
   test_all.py --primary vllm-0.32 --compat vllm-0.26 vllm-0.30 ... \
-      [--beside 1] [--jobs 3] [--goal-min 45] [--start EPOCH]
+      [--order vllm-0.26 ...] [--beside 1] [--beside-max 2] [--jobs 3] \
+      [--idle-below 0.85] [--idle-window-s 120] [--goal-min 45] [--start EPOCH]
 """
 
 from __future__ import annotations
@@ -56,6 +64,29 @@ def cpu_jiffies() -> Optional[tuple[int, int]]:
         return None
     idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
     return sum(fields) - idle, sum(fields)
+
+
+class _RecentBusy:
+    """How busy the cores were over the last ``window_s``: the admission
+    test for one more stack beside the primary suite."""
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.samples: list[tuple[float, tuple[int, int]]] = []
+
+    def sample(self) -> Optional[float]:
+        """Record now; the busy fraction since the sample ``window_s`` ago
+        (None until the window is full, or where /proc/stat is missing)."""
+        now, jiffies = time.time(), cpu_jiffies()
+        if jiffies is None:
+            return None
+        self.samples.append((now, jiffies))
+        while len(self.samples) > 1 and now - self.samples[1][0] >= self.window_s:
+            self.samples.pop(0)
+        t0, old = self.samples[0]
+        if now - t0 < self.window_s or jiffies[1] <= old[1]:
+            return None
+        return (jiffies[0] - old[0]) / (jiffies[1] - old[1])
 
 
 @dataclass
@@ -111,6 +142,8 @@ def make(*args: str) -> list[str]:
 
 
 def run(opts: argparse.Namespace) -> int:
+    global LOGS
+    LOGS = Path(opts.logs).resolve()
     LOGS.mkdir(parents=True, exist_ok=True)
     start = opts.start or time.time()
     say(f"setup (system deps, primary stack, build): {minutes(start)}")
@@ -119,8 +152,11 @@ def run(opts: argparse.Namespace) -> int:
     prepare_log = open(LOGS / "prepare.log", "w")
     prepared: list[str] = []
     prepare_failed: list[str] = []
-    to_prepare = list(opts.compat)
     preparing: Optional[Job] = None
+    order = list(opts.order or opts.compat)
+    if sorted(order) != sorted(opts.compat):
+        raise SystemExit(f"--order {order} must name each of --compat {opts.compat} once")
+    to_prepare = list(order)  # prepared in the order they are tested
 
     def next_prepare() -> Optional[Job]:
         if not to_prepare:
@@ -136,7 +172,9 @@ def run(opts: argparse.Namespace) -> int:
     cpu_start = cpu_jiffies()
     primary = Job(opts.primary, subprocess.Popen(make("test-primary"), cwd=ROOT))
     primary_rc: Optional[int] = None
-    queue = list(opts.compat)  # tested in this order, once prepared
+    queue = list(order)  # tested in this order, once prepared
+    recent = _RecentBusy(opts.idle_window_s)
+    last_start = 0.0
     running: list[Job] = []
     results: dict[str, str] = {}
     finished_at: dict[str, str] = {}
@@ -144,6 +182,7 @@ def run(opts: argparse.Namespace) -> int:
     windows = _BusyWindows(cpu_start, start)
     while True:
         windows.sample(primary_rc is None, [j.name for j in running], preparing and preparing.name)
+        busy = recent.sample()
         if preparing is not None and (rc := preparing.done()) is not None:
             (prepared if rc == 0 else prepare_failed).append(preparing.name)
             prepare_log.write(f"[test] prepared stack {preparing.name} in {minutes(preparing.started)}"
@@ -164,21 +203,29 @@ def run(opts: argparse.Namespace) -> int:
             name = queue.pop(0)
             results[name] = "FAILED (its install or build failed: build/stacks/prepare.log)"
         limit = opts.beside if primary_rc is None else opts.jobs
+        why = ""
+        if (primary_rc is None and len(running) == limit and limit < opts.beside_max and preparing is None
+                and busy is not None and busy < opts.idle_below
+                and time.time() - last_start >= opts.idle_window_s):
+            limit += 1  # the cores idled: one more beside the primary suite
+            why = f" (cores {busy:.0%} busy over the last {opts.idle_window_s:.0f} s)"
         while queue and queue[0] in prepared and len(running) < limit:
             name = queue.pop(0)
             log = open(LOGS / f"{name}.test.log", "w")
-            say(f"stack {name}: tests start at {minutes(start)}")
+            say(f"stack {name}: tests start at {minutes(start)}{why}")
+            last_start = time.time()
             running.append(Job(name, subprocess.Popen(
                 make("test-stack", f"STACK={name}"), stdout=log, stderr=subprocess.STDOUT, cwd=ROOT),
                 log=log))
         if primary_rc is not None and not running and not queue and preparing is None:
             break
-        time.sleep(POLL_S)
+        time.sleep(opts.poll_s)
     prepare_log.close()
 
     for name in opts.compat:
         log = LOGS / f"{name}.test.log"
-        say(f"---- stack {name} ({log.relative_to(ROOT)}) ----")
+        shown = log.relative_to(ROOT) if log.is_relative_to(ROOT) else log
+        say(f"---- stack {name} ({shown}) ----")
         if log.exists():
             sys.stdout.write(log.read_text(errors="replace"))
     if prepare_failed:
@@ -209,11 +256,21 @@ def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--primary", required=True)
     p.add_argument("--compat", nargs="*", default=[])
+    p.add_argument("--order", nargs="*", default=None,
+                   help="the order the compatibility stacks are prepared and tested in (default: --compat's)")
     p.add_argument("--beside", type=int, default=1,
                    help="compatibility stacks tested at once while the primary suite runs")
+    p.add_argument("--beside-max", type=int, default=2,
+                   help="at most this many beside it when the cores idle (--idle-below)")
+    p.add_argument("--idle-below", type=float, default=0.85,
+                   help="busy fraction of all cores under which one more stack joins the primary suite")
+    p.add_argument("--idle-window-s", type=float, default=120.0,
+                   help="the window that fraction is measured over, and the least time between two starts")
     p.add_argument("--jobs", type=int, default=3,
                    help="compatibility stacks tested at once after it")
     p.add_argument("--goal-min", type=float, default=45)
+    p.add_argument("--logs", default=str(LOGS), help="where the stacks' logs go")
+    p.add_argument("--poll-s", type=float, default=POLL_S, help="how often the schedule looks at its jobs")
     p.add_argument("--start", type=float, default=0.0, help="when make started (epoch seconds)")
     return run(p.parse_args(argv))
 
