@@ -142,14 +142,13 @@ def make(*args: str) -> list[str]:
 
 
 def run(opts: argparse.Namespace) -> int:
-    global LOGS
-    LOGS = Path(opts.logs).resolve()
-    LOGS.mkdir(parents=True, exist_ok=True)
+    logs = Path(opts.logs).resolve()
+    logs.mkdir(parents=True, exist_ok=True)
     start = opts.start or time.time()
     say(f"setup (system deps, primary stack, build): {minutes(start)}")
 
     # Installs and builds, one stack after the other, in the background.
-    prepare_log = open(LOGS / "prepare.log", "w")
+    prepare_log = open(logs / "prepare.log", "w")
     prepared: list[str] = []
     prepare_failed: list[str] = []
     preparing: Optional[Job] = None
@@ -211,7 +210,7 @@ def run(opts: argparse.Namespace) -> int:
             why = f" (cores {busy:.0%} busy over the last {opts.idle_window_s:.0f} s)"
         while queue and queue[0] in prepared and len(running) < limit:
             name = queue.pop(0)
-            log = open(LOGS / f"{name}.test.log", "w")
+            log = open(logs / f"{name}.test.log", "w")
             say(f"stack {name}: tests start at {minutes(start)}{why}")
             last_start = time.time()
             running.append(Job(name, subprocess.Popen(
@@ -223,14 +222,14 @@ def run(opts: argparse.Namespace) -> int:
     prepare_log.close()
 
     for name in opts.compat:
-        log = LOGS / f"{name}.test.log"
+        log = logs / f"{name}.test.log"
         shown = log.relative_to(ROOT) if log.is_relative_to(ROOT) else log
         say(f"---- stack {name} ({shown}) ----")
         if log.exists():
             sys.stdout.write(log.read_text(errors="replace"))
     if prepare_failed:
         say("preparing a compatibility stack failed; the end of build/stacks/prepare.log:")
-        sys.stdout.write("".join((LOGS / "prepare.log").read_text(errors="replace").splitlines(True)[-40:]))
+        sys.stdout.write("".join((logs / "prepare.log").read_text(errors="replace").splitlines(True)[-40:]))
     for name in [opts.primary, *opts.compat]:
         at = f", ended at {finished_at[name]}" if name in finished_at else ""
         say(f"{name}: {results.get(name, 'not run')}{at}")
