@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from lmcache_ascend.cli.tiny_models import token_prompt
+
+from ports import free_port
 
 from .conftest import LMCACHE_CPU_GB
 
@@ -28,12 +29,6 @@ CONNECTOR = {
     "kv_role": "kv_both",
     "kv_connector_module_path": "lmcache_ascend.integration.vllm.lmcache_ascend_connector_v1",
 }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _http(url: str, body: dict | None = None, timeout: float = 120.0) -> bytes:
@@ -67,7 +62,7 @@ STOPS = {"ctrl_c": "SIGINT to the process group", "sigterm": "SIGTERM to the API
 @pytest.mark.parametrize("stop", sorted(STOPS))
 def test_openai_server_metrics_and_request_log(tiny_model, tmp_path, stop):
     model = tiny_model("gemma2")
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "server.log"
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", VLLM_SERVER_DEV_MODE="1", LMCACHE_MAX_LOCAL_CPU_SIZE=LMCACHE_CPU_GB)
     cmd = [

@@ -26,6 +26,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from ports import free_port
+
 START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
@@ -40,12 +42,6 @@ def mooncake_bin(name: str) -> str:
             "plus `apt-get install libibverbs1 libnl-3-200 libnl-route-3-200`)"
         )
     return str(path)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _listening(port: int) -> bool:

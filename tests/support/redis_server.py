@@ -27,6 +27,8 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional, Union
 
+from ports import free_port
+
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
 
@@ -88,14 +90,8 @@ def make_tls_files(workdir: Path) -> TlsFiles:
     return TlsFiles(ca_cert, cert, key)
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def closed_port() -> int:
-    """A loopback port with nothing listening (bound, then released)."""
+    """A loopback port with nothing listening: claimed, so no test server takes it."""
     return free_port()
 
 

@@ -15,6 +15,7 @@ import socket
 import pytest
 
 from lmcache_ascend.lmcache_bridge.backends import mooncake as mc
+from ports import free_port as unused_port
 
 GOOD = {
     "mooncake_master_server_addr": "127.0.0.1:50051",
@@ -24,12 +25,6 @@ GOOD = {
     "save_chunk_meta": True,  # LMCache's own, never sent to Mooncake
     "some_other_lmcache_feature": 1,  # extra_config serves other LMCache features too
 }
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_good_keys_pass_and_reach_mooncake_under_its_names():
@@ -87,7 +82,7 @@ def test_unreachable_master_is_an_outage_found_within_seconds():
 
     from lmcache_ascend.lmcache_bridge.backends.remote_pool import PoolUnavailableError
 
-    setup = mc.setup_dict(dict(GOOD, mooncake_master_server_addr=f"127.0.0.1:{_closed_port()}"))
+    setup = mc.setup_dict(dict(GOOD, mooncake_master_server_addr=f"127.0.0.1:{unused_port()}"))
     t = time.monotonic()
     with pytest.raises(PoolUnavailableError, match="'mooncake_master_server_addr'.*no mooncake_master"):
         mc.check_reachable(setup, "extra_config")
@@ -105,7 +100,7 @@ def test_unreachable_or_invalid_metadata_server_is_refused():
         master.bind(("127.0.0.1", 0))
         master.listen()
         addr = f"127.0.0.1:{master.getsockname()[1]}"
-        url = f"http://127.0.0.1:{_closed_port()}/metadata"
+        url = f"http://127.0.0.1:{unused_port()}/metadata"
         setup = mc.setup_dict(dict(GOOD, mooncake_master_server_addr=addr, mooncake_metadata_server=url))
         from lmcache_ascend.lmcache_bridge.backends.remote_pool import PoolUnavailableError
 

@@ -12,14 +12,9 @@ import socket
 import pytest
 
 from lmcache_configs import lmcache_config
+from ports import free_port as unused_port
 
 from lmcache_ascend.lmcache_bridge.backends import remote_pool
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 _config = lmcache_config
@@ -44,7 +39,7 @@ def test_a_redis_url_is_told_once_of_resp(caplog, monkeypatch):
 
 
 def test_redis_down_at_startup_is_one_error_and_a_count(caplog):
-    url = f"redis://127.0.0.1:{_closed_port()}"
+    url = f"redis://127.0.0.1:{unused_port()}"
     before = remote_pool.unavailable_count()
     with caplog.at_level(logging.ERROR, logger=remote_pool.__name__):
         remote_pool.check_at_startup(_config(remote_url=url), {}, require_remote=False)
@@ -54,7 +49,7 @@ def test_redis_down_at_startup_is_one_error_and_a_count(caplog):
 
 
 def test_require_remote_stops_startup_naming_the_key():
-    url = f"redis://127.0.0.1:{_closed_port()}"
+    url = f"redis://127.0.0.1:{unused_port()}"
     with pytest.raises(ValueError, match="nothing accepts connections.*ascend_require_remote: true"):
         remote_pool.check_at_startup(_config(remote_url=url), {}, require_remote=True)
 
@@ -62,7 +57,7 @@ def test_require_remote_stops_startup_naming_the_key():
 def test_the_key_is_read_from_lmcaches_config(monkeypatch):
     from lmcache_ascend.lmcache_bridge.engine.config import validate_engine_config
 
-    url = f"redis://127.0.0.1:{_closed_port()}"
+    url = f"redis://127.0.0.1:{unused_port()}"
     cfg = _config(remote_url=url, remote_serde="naive", ascend_require_remote=True)
     with pytest.raises(ValueError, match="ascend_require_remote"):
         validate_engine_config(cfg, {})
