@@ -10,6 +10,8 @@
   Gemma-3-like model (every completion equals the no-connector run of the
   same prompt: tokens, logprobs within 1e-3), and on a Qwen3-Next-like model
   with the GDN state (B's output equals vLLM's own prefix-cache hit).
+  Two engines that disagree on ``save_chunk_meta`` never read each
+  other's entries.
 * Faults mid-run: the segment holder killed (B of the Llama pair, after
   its hits); the store full, then the master killed (one run, own store).
   Requests are served exactly (as misses), the engine exits by itself,
@@ -281,6 +283,29 @@ def test_gemma3_engine_b_hits_what_a_stored(gemma_pair):
     assert not _failures(b.log)
     for r in (a, b):
         r.assert_exited_in_bound()
+
+
+# ---- instances that disagree on the value format ------------------------------
+
+
+def test_instances_that_disagree_on_save_chunk_meta_never_read_each_other(work, tiny_model, store):
+    """A keeps LMCache's format (save_chunk_meta: true: metadata inside each
+    value); B takes the connector's default (values hold the chunk alone,
+    read into LMCache's buffers). Were their keys equal, each of B's reads
+    would fail on the size and be refused; keyed apart, B just misses and
+    computes (its output equals the no-connector run), with no failed get.
+    The Llama pair above is the positive control: same format, B hits."""
+    model = tiny_model("llama")
+    env = _remote_env(store, True)
+    extra = json.loads(env["LMCACHE_EXTRA_CONFIG"])
+    env["LMCACHE_EXTRA_CONFIG"] = json.dumps(dict(extra, save_chunk_meta=True))
+    a = run_remote(model, work, "meta_a", [("store", ["E3"], False)], env, faulty=False)
+    b = run_remote(model, work, "meta_b", [("other_format", ["E3"], False)], _remote_env(store, False), faulty=False)
+    assert a.assert_all_identical() == 1 and a.transfers()[0].stored == TWO
+    assert "hold the chunk alone" not in a.log and "hold the chunk alone" in b.log
+    assert b.assert_all_identical() == 1
+    assert hits(b) == [(0, 0)]
+    assert not _failures(b.log), _failures(b.log)
 
 
 # ---- Qwen3-Next-like: KV and Mamba state shared through Mooncake -------------

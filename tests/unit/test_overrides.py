@@ -396,7 +396,7 @@ def test_engine_requirements_set_lmcache_config_fields(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     algo = next(iter(bridge_config._NON_CRYPTO_HASHES))
     cfg = SimpleNamespace(save_unfull_chunk=True, pre_caching_hash_algorithm=algo, enable_async_loading=False,
-                          use_layerwise=False, enable_blending=False)
+                          use_layerwise=False, enable_blending=False, remote_url=None, extra_config=None)
     try:
         bridge_config.enforce_engine_requirements(cfg, 2, connector="test")
     except (AttributeError, TypeError) as exc:  # a field this fake lacks: name it

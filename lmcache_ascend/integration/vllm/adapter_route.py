@@ -131,6 +131,7 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, LayerEntry], kv_cache_confi
                 vllm_config: Optional[VllmConfig] = None) -> None:
     """Plan transfers for vLLM's KV tensors and bind ``engine``'s connector."""
     from lmcache_ascend.integration.vllm import vllm_specs, wiring
+    from lmcache_ascend.lmcache_bridge.engine.config import value_encoding_tag
     from lmcache_ascend.lmcache_bridge.patching import adapter_shim
     from lmcache_ascend.planning.planner import build_plan
     from lmcache_ascend.planning.settings import AscendConfig
@@ -154,7 +155,7 @@ def bind_engine(engine: Any, kv_caches: Mapping[str, LayerEntry], kv_cache_confi
     )
     transfer = ChunkTransfer(plan, kv_device=wiring.kv_device(kv_caches), kv_caches=kv_caches)
     connector.bind(plan.chunk_bytes, transfer.store, transfer.load, groups[0].block_size)
-    key = plan.layout_fingerprint
+    key = plan.layout_fingerprint + value_encoding_tag(config)
     if vllm_config is not None:
         key = f"m{_model_identity(vllm_config, config)}+{key}"
     adapter_shim.prepare_engine(engine, connector, key)

@@ -384,6 +384,23 @@ class CheckedStore:
         return r
 
 
+def _warn_unregistered(connector: Any) -> None:
+    """Reads into LMCache's buffers (``save_chunk_meta`` off,
+    engine/config.py) need them registered with Mooncake for transports
+    that move memory directly (``rdma``, ``ascend``); LMCache only logs a
+    registration that failed, and every get would then fail as a miss."""
+    if getattr(connector, "save_chunk_meta", True) or getattr(connector, "registered_buffer_ptr", 0) is not None:
+        return
+    protocol = str(getattr(getattr(connector, "config", None), "protocol", "") or "")
+    logger.warning(
+        "lmcache-ascend: LMCache's CPU buffer is not registered with Mooncake (protocol %r) while values are "
+        "read into it (save_chunk_meta false); transports that move memory directly (rdma, ascend) need it "
+        "registered. If Mooncake gets fail, set extra_config save_chunk_meta: true on every instance of "
+        "this pool.",
+        protocol,
+    )
+
+
 def install_failure_accounting() -> None:
     """Wrap the store of every MooncakestoreConnector created from now on
     (idempotent), refuse a setup that returned an error, and log the counts
@@ -417,6 +434,7 @@ def install_failure_accounting() -> None:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         overrides.apply(overrides.MOONCAKE_CHECKED_STORE, self, "store", CheckedStore(self.store))
+        _warn_unregistered(self)
 
     async def close(self) -> None:
         counts = failure_counts()

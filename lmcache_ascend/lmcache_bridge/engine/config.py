@@ -205,6 +205,61 @@ def validate_engine_config(config: "LMCacheEngineConfig", environ: Mapping[str, 
     check_at_startup(config, environ, AscendConfig.from_lmcache(config).require_remote)
 
 
+# LMCache's extra_config key that decides whether its Mooncake and fs://
+# connectors write their per-value metadata ahead of each value.
+SAVE_CHUNK_META = "save_chunk_meta"
+
+
+def stores_chunk_meta(config: "LMCacheEngineConfig") -> bool:
+    """Whether LMCache's remote connector writes its per-value metadata:
+    LMCache's own rule (``RemoteConnector.__init__``, base_connector.py)."""
+    extra = config.extra_config
+    return extra is None or bool(extra.get(SAVE_CHUNK_META, True)) or bool(config.use_layerwise)
+
+
+def value_encoding_tag(config: "LMCacheEngineConfig") -> str:
+    """What chunk keys carry after the layout fingerprint about how a remote
+    value is encoded. Values written without LMCache's metadata are another
+    byte format: instances that disagree on it must never read each other's
+    entries (each read would fail as unreadable, and the entry would stay)."""
+    return "" if not config.remote_url or stores_chunk_meta(config) else "+nometa"
+
+
+def _settle_chunk_meta(config: "LMCacheEngineConfig") -> None:
+    """``save_chunk_meta`` as a real boolean, and off by default for Mooncake.
+
+    LMCache reads the key by truthiness, so ``"false"`` from yaml or JSON
+    text would mean true. Mooncake reads are LMCache's ``batch_get_into``
+    straight into its own buffers only with the metadata off; with it on,
+    every value is fetched into Mooncake's buffer and copied (a remote hit's
+    reads 1.2-1.7x slower here, docs/benchmarks.md). The metadata only
+    says a value's shape, and every chunk of ours has one size (whole chunks
+    only, one flat buffer), so nothing is lost."""
+    from lmcache_ascend.lmcache_bridge.backends.mooncake import uses_mooncake
+
+    extra = dict(config.extra_config or {})
+    if SAVE_CHUNK_META in extra:
+        raw = extra[SAVE_CHUNK_META]
+        value = parse_bool(raw)
+        if value is None:
+            raise ValueError(
+                f"extra_config {SAVE_CHUNK_META}={raw!r} is not a boolean; valid: {BOOL_WORDS_TEXT} "
+                "(LMCache would read any non-empty text as true)"
+            )
+        if value is not raw:
+            overrides.apply(overrides.CHUNK_META_SETTING, config, "extra_config", {**extra, SAVE_CHUNK_META: value})
+        return
+    if uses_mooncake(config) and not config.use_layerwise:
+        overrides.apply(overrides.CHUNK_META_SETTING, config, "extra_config", {**extra, SAVE_CHUNK_META: False})
+        logger.info(
+            "lmcache-ascend: Mooncake values hold the chunk alone (extra_config %s -> false; every chunk has "
+            "one size): reads land in LMCache's buffers (batch_get_into), puts send from them "
+            "(batch_put_from). Entries written with %s: true are keyed apart; set it to true to keep "
+            "LMCache's format.",
+            SAVE_CHUNK_META, SAVE_CHUNK_META,
+        )
+
+
 def enforce_engine_requirements(
     config: "LMCacheEngineConfig", num_groups: int, connector: str = "LMCacheAscendConnectorV1Dynamic"
 ) -> None:
@@ -248,3 +303,4 @@ def enforce_engine_requirements(
             DETERMINISTIC_HASH,
         )
         overrides.apply(overrides.DETERMINISTIC_CHUNK_HASH, config, "pre_caching_hash_algorithm", DETERMINISTIC_HASH)
+    _settle_chunk_meta(config)

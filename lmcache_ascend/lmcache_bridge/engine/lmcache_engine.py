@@ -33,6 +33,7 @@ from lmcache_ascend.lmcache_bridge.engine.chunk_io import (
     TransferContext,
     key_scope_of,
 )
+from lmcache_ascend.lmcache_bridge.engine.config import value_encoding_tag
 from lmcache_ascend.lmcache_bridge.engine.resources import CLOSE_TIMEOUT_S, bounded_close, detach_remote_backends
 from lmcache_ascend.lmcache_bridge.engine.step_puts import Handoff, StepPuts
 from lmcache_ascend.lmcache_bridge.integrity.staging import LOCAL_CPU, Claim, LookupStaging, StagingCounts
@@ -239,8 +240,9 @@ class WorkerEngine:
         # Chunk keys carry the model name; adding the buffer layout's
         # fingerprint keeps chunks of different layouts (bundled vs exploded,
         # another chunk size) apart in shared or persistent storage. ("@"
-        # separates key fields in LMCache's key strings, so use "+".)
-        metadata.model_name = f"{spec.model_name}+{layout_fingerprint}"
+        # separates key fields in LMCache's key strings, so use "+".) So does
+        # how a remote value is encoded (config.value_encoding_tag).
+        metadata.model_name = f"{spec.model_name}+{layout_fingerprint}{value_encoding_tag(lmcache_config)}"
         instance_id = f"{ENGINE_INSTANCE_PREFIX}-{spec.engine_id}-{spec.rank}"
         with _engine_lock:
             engine = builder.get_or_create(

@@ -305,6 +305,16 @@ DETERMINISTIC_CHUNK_HASH = Override(
     "worker different chunk keys.",
     ("tests/unit/test_overrides.py::test_engine_requirements_set_lmcache_config_fields",),
 )
+CHUNK_META_SETTING = Override(
+    "chunk_meta_setting",
+    "LMCacheEngineConfig.extra_config (instance: its save_chunk_meta entry)",
+    Kind.INSTANCE_OVERRIDE, _L, _LMC,
+    "LMCache reads save_chunk_meta by truthiness (the text 'false' means true), and its Mooncake "
+    "connector reads into its own buffers (batch_get_into) only with it off (engine/config.py).",
+    ("tests/unit/test_chunk_meta.py::test_mooncake_values_go_without_metadata_unless_asked",
+     "tests/unit/test_chunk_meta.py::test_save_chunk_meta_text_is_read_as_a_boolean",
+     "tests/integration/test_mooncake.py::test_llama_engine_b_hits_what_a_stored"),
+)
 DEFAULT_CHUNK_SIZE = Override(
     "default_chunk_size",
     "LMCacheEngineConfig.chunk_size (instance, where the user set none)",
@@ -365,7 +375,7 @@ CONNECTOR_SHUTDOWN = Override(
 ENTRIES: tuple[Override, ...] = (
     PQ_EXECUTOR_SHIELD, NATIVE_SYNC_ON_LOOP, CONFIG_KEYS, VLLM_ADAPTER_SHIM, MOVED_MODULE_SPEC, MOONCAKE_ACCOUNTING,
     MOONCAKE_CHECKED_STORE, STAGED_LOOKUP, STEP_PUTS, PREFIX_HASH_MEMO, PINNED_INIT_HASH, KEY_METADATA,
-    LAYOUT_MODEL_NAME, ENGINE_GUARD, REFUSED_SAVE, WHOLE_CHUNKS_ONLY, DETERMINISTIC_CHUNK_HASH,
+    LAYOUT_MODEL_NAME, ENGINE_GUARD, REFUSED_SAVE, WHOLE_CHUNKS_ONLY, DETERMINISTIC_CHUNK_HASH, CHUNK_META_SETTING,
     DEFAULT_CHUNK_SIZE, DETACHED_REMOTE_CONNECTION, RECONNECT_NOW, RECOMPUTE_ON_LOAD_FAILURE,
     SCHEDULER_WATERMARK, ALIGN_BLOCK_SIZE, CONNECTOR_SHUTDOWN,
 )
