@@ -21,7 +21,8 @@ p99 gap between the decoding request's tokens while it was in flight. Also,
 in the same run: a plain client reading the pool one value at a time (what
 fetching the same bytes costs without the connector; redis-py with its
 pure-Python parser and, where installed, hiredis's; for Mooncake its own
-Python client), on the idle machine and beside a decoding request (as the
+Python client, into its buffer and into a registered one of the
+client's), on the idle machine and beside a decoding request (as the
 remote hits ran), against the connector's effective rate (the remote hit's
 KV bytes over its TTFT minus the vLLM hit's). Each server's log says, per
 lookup that read the pool, its bytes, wall time, read time and check time. Outputs of every remote hit equal the writer's cold ones
@@ -240,8 +241,13 @@ class MooncakePool:
     """A Mooncake master and segment holder on 127.0.0.1 (TCP), read through
     LMCache's mooncakestore:// connector."""
 
-    def __init__(self, work: Path, pool_bytes: int) -> None:
+    def __init__(self, work: Path, pool_bytes: int, chunk_meta: bool = False) -> None:
         from mooncake_server import MooncakeStore
+
+        # chunk_meta: LMCache's own format (save_chunk_meta on), each value
+        # read into Mooncake's buffer and copied out, instead of the
+        # connector's default (off: batch_get_into LMCache's buffers).
+        self._overrides = {"save_chunk_meta": True} if chunk_meta else {}
 
         # Room for what the writer stores, what the reader stores (its cold
         # and vLLM-hit prompts are as long), and the plain client's values.
@@ -255,7 +261,7 @@ class MooncakePool:
         self._store.__exit__(*exc)
 
     def env(self) -> dict[str, str]:
-        return self._store.engine_env()
+        return self._store.engine_env(**self._overrides)
 
     def _key_count(self) -> int:
         import urllib.request
@@ -269,9 +275,11 @@ class MooncakePool:
 
     def plain_rates(self) -> tuple[dict[str, float], int]:
         """GB/s of a plain Mooncake client (``MooncakeDistributedStore``,
-        one ``get_buffer`` at a time) reading values of the pool's value
-        size (up to 128 of them): Mooncake lists no keys, so it reads values
-        it put itself, of the same size, from the same store."""
+        one value at a time) reading values of the pool's value size (up to
+        128 of them): Mooncake lists no keys, so it reads values it put
+        itself, of the same size, from the same store. Two ways: into
+        Mooncake's buffer (``get_buffer``) and into a registered buffer of
+        the client's (``get_into``, what the zero-copy mode does)."""
         import numpy as np
         from mooncake.store import MooncakeDistributedStore
 
@@ -291,10 +299,18 @@ class MooncakePool:
             buf = store.get_buffer(key)
             total += len(memoryview(buf))
         took = time.perf_counter() - t0
+        into = np.empty(size, dtype=np.uint8)
+        ptr = into.ctypes.data
+        assert store.register_buffer(ptr, size) == 0, "Mooncake register_buffer failed"
+        t1 = time.perf_counter()
+        for key in keys:
+            assert store.get_into(key, ptr, size) == size, "Mooncake get_into failed"
+        took_into = time.perf_counter() - t1
+        store.unregister_buffer(ptr)
         for key in keys:
             store.remove(key)
         store.close()
-        return {"mooncake get_buffer": total / took / 1e9}, total
+        return {"mooncake get_buffer": total / took / 1e9, "mooncake get_into": total / took_into / 1e9}, total
 
 
 def remote_prompts_bytes(prompts: dict) -> list[int]:
@@ -310,6 +326,9 @@ def main() -> int:
     ap.add_argument("--scheme", choices=("redis", "resp", "mooncake"), default="redis",
                     help="the pool: Redis through LMCache's redis:// (redis-py asyncio) or resp:// (its "
                          "native client) connector, or Mooncake (mooncakestore://, TCP on 127.0.0.1)")
+    ap.add_argument("--save-chunk-meta", action="store_true",
+                    help="Mooncake values in LMCache's own format (save_chunk_meta: true; read into Mooncake's "
+                         "buffer, then copied) instead of the connector's default (read into LMCache's buffers)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep server logs here")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -329,7 +348,7 @@ def main() -> int:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         pool_bytes = sum(remote_prompts_bytes(remote_prompts))
-        pool = MooncakePool(work, pool_bytes) if args.scheme == "mooncake" else RedisPool(work, args.scheme)
+        pool = MooncakePool(work, pool_bytes, args.save_chunk_meta) if args.scheme == "mooncake" else RedisPool(work, args.scheme)
         with pool:
             os.environ.update(pool.env())
             log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
