@@ -90,3 +90,11 @@ def test_lapsed_claims_are_taken_over(tmp_path):
     assert got == [by_dead, old]
     for port in got:
         assert (tmp_path / str(port)).read_text().split()[0] == str(os.getpid())
+
+
+def test_no_room_outside_the_ephemeral_range_falls_back_to_the_kernel_and_says_so(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(ports, "_warned", False)
+    got = [ports.free_port(claims=tmp_path, ephemeral=(1024, 65535)) for _ in range(3)]
+    assert all(1024 <= p <= 65535 for p in got)
+    err = capsys.readouterr().err
+    assert err.count("no room outside the ephemeral range (1024, 65535)") == 1, err
