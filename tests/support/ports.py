@@ -108,13 +108,14 @@ def free_port(*, claims: Optional[Path] = None, rng: Optional[random.Random] = N
     global _warned
     where = claims or claims_dir()
     where.mkdir(parents=True, exist_ok=True)
-    pool = candidate_range(ephemeral or ephemeral_range())
+    ephemeral = ephemeral or ephemeral_range()
+    pool = candidate_range(ephemeral)
     if len(pool) < 1000:
         # Only a machine whose ephemeral range covers nearly every port gets
         # here: fall back to the kernel's choice, and say so once.
         if not _warned:
             _warned = True
-            print(f"[ports] no room outside the ephemeral range {ephemeral or ephemeral_range()}; "
+            print(f"[ports] no room outside the ephemeral range {ephemeral}; "
                   "tests take the kernel's ports, which other processes may take first",
                   file=sys.stderr)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
