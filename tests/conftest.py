@@ -13,6 +13,12 @@ for path in (TESTS, TESTS / "support"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+# Failures printed as they happen, slow tests named, SIGTERM ends the run
+# with its summary: what a CI log cut short by its time limit needs. The
+# tests that start no engine run first, and a deadline from `make test`
+# stops engine tests from starting (support/time_budget.py).
+pytest_plugins = ("ci_report", "time_budget")
+
 
 def _engine_environment() -> None:
     """Process-wide settings every engine the tests start inherits (set
