@@ -60,6 +60,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from wait_progress import Progress
+
 logger = logging.getLogger(__name__)
 
 ENABLE_ENV = "LMCA_TEST_ZYGOTE"
@@ -83,7 +85,15 @@ ALWAYS_COMPARED = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "GOTO", "LD_", 
 # main processes (two engines of a test never share one), and those for
 # the environments vLLM gives its engine cores and workers.
 MAX_ALIVE = 6
-READY_TIMEOUT_S = 300
+# A zygote's first reply comes after its imports (torch, vLLM): 10-20 s on a
+# normal 2-core machine, over 300 s on a slow one (seen: a machine where
+# `import torch` alone took 135 s; a fixed 300 s there failed every zygote,
+# and every engine then paid the imports again as a fresh process). So no
+# fixed time: the wait lasts while the zygote works (its CPU time grows), and
+# gives up when it has used no CPU for REPLY_IDLE_S (hung), when it exits, or
+# after REPLY_CAP_S in all (under pytest's 900 s, so the failure says why).
+REPLY_IDLE_S = 120.0
+REPLY_CAP_S = 840.0
 
 
 def _os_threads() -> int:
@@ -346,7 +356,7 @@ class _Zygote:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(req) + "\n")
         self.proc.stdin.flush()
-        return _read_reply(self.proc, READY_TIMEOUT_S)
+        return _read_reply(self.proc)
 
     def retire(self) -> None:
         """No more forks: the zygote waits for its children, records their
@@ -366,14 +376,40 @@ class _Zygote:
             self.proc.wait()
 
 
-def _read_reply(proc: subprocess.Popen, timeout_s: float) -> dict:
+def _cpu_ticks(pid: int) -> Optional[int]:
+    """User plus system CPU time of a process, in clock ticks (None where
+    /proc cannot tell)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces
+        return int(fields[11]) + int(fields[12])  # utime and stime: fields 14 and 15 of proc(5)
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _read_reply(proc: subprocess.Popen, idle_s: float = REPLY_IDLE_S, cap_s: float = REPLY_CAP_S,
+                slice_s: float = 5.0) -> dict:
+    """The zygote's next reply line, waited for while it works (REPLY_IDLE_S)."""
     assert proc.stdout is not None
     fd = proc.stdout.fileno()
-    ready, _, _ = select.select([fd], [], [], timeout_s)
-    line = proc.stdout.readline() if ready else ""
-    if not line:
-        raise RuntimeError(f"zygote {proc.pid} gave no reply within {timeout_s:.0f} s (exit code {proc.poll()})")
-    return json.loads(line)
+    wait = Progress(lambda: _cpu_ticks(proc.pid), idle_s, cap_s)
+    while True:
+        ready, _, _ = select.select([fd], [], [], slice_s)
+        if ready:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"zygote {proc.pid} closed its output without a reply after "
+                                   f"{wait.elapsed():.0f} s (exit code {proc.poll()})")
+            return json.loads(line)
+        if proc.poll() is not None:
+            raise RuntimeError(f"zygote {proc.pid} exited ({proc.returncode}) without a reply after "
+                               f"{wait.elapsed():.0f} s")
+        why = wait.gave_up()
+        if why == "idle":
+            raise RuntimeError(f"zygote {proc.pid} gave no reply in {wait.elapsed():.0f} s and used no CPU "
+                               f"in the last {idle_s:.0f} s")
+        if why == "cap":
+            raise RuntimeError(f"zygote {proc.pid} gave no reply within {cap_s:.0f} s")
 
 
 # Variables pytest sets per test: a fresh engine would inherit them, and
@@ -490,7 +526,7 @@ class ZygotePool:
         z = _Zygote(proc, state_dir, env=dict(env), seq=seq)
         self._zygotes[seq] = z
         try:
-            ready = _read_reply(proc, READY_TIMEOUT_S)
+            ready = _read_reply(proc)
             if not ready.get("ready"):
                 raise RuntimeError(f"zygote did not start: {ready}")
         except RuntimeError:

@@ -17,7 +17,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-START_TIMEOUT_S = 420
+from wait_progress import Progress
+
+# A server's start imports torch and vLLM and builds its engine: about a
+# minute on a normal 2-core machine, many on a slow one (seen: `import
+# torch` alone took 135 s). So no fixed time: the wait lasts while the
+# server's processes work (their CPU time changes), and gives up when they
+# have used no CPU for START_IDLE_S (hung), when the server exits, or after
+# START_CAP_S in all (under pytest's 900 s, so the failure says why).
+START_IDLE_S = 120.0
+START_CAP_S = 840.0
 STOP_TIMEOUT_S = 60
 
 
@@ -90,9 +99,29 @@ class Server:
         return took
 
 
-def wait_ready(server: Server) -> None:
-    deadline = time.time() + START_TIMEOUT_S
-    while time.time() < deadline:
+def tree_cpu_s(pid: int) -> Optional[float]:
+    """CPU seconds (user and system) of a process and its live descendants
+    (None where the process is gone)."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root] + root.children(recursive=True)
+    except psutil.Error:
+        return None
+    total = 0.0
+    for p in procs:
+        try:
+            times = p.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
+def wait_ready(server: Server, idle_s: float = START_IDLE_S, cap_s: float = START_CAP_S) -> None:
+    wait = Progress(lambda: tree_cpu_s(server.proc.pid), idle_s, cap_s)
+    while True:
         if server.proc.poll() is not None:
             raise AssertionError(f"{server.name} exited ({server.proc.returncode}):\n" + server.log()[-6000:])
         try:
@@ -101,5 +130,11 @@ def wait_ready(server: Server) -> None:
                     return
         except (urllib.error.URLError, OSError):
             pass
+        # A child that exited takes its CPU time with it: a change too.
+        why = wait.gave_up()
+        if why == "idle":
+            raise AssertionError(f"{server.name} not ready after {wait.elapsed():.0f} s, and its processes used "
+                                 f"no CPU in the last {idle_s:.0f} s:\n" + server.log()[-6000:])
+        if why == "cap":
+            raise AssertionError(f"{server.name} not ready in {cap_s:.0f} s:\n" + server.log()[-6000:])
         time.sleep(1.0)
-    raise AssertionError(f"{server.name} not ready in {START_TIMEOUT_S} s:\n" + server.log()[-6000:])
