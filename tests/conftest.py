@@ -3,6 +3,7 @@
 by the integration tests and the engine processes they start)."""
 
 import gc
+import os
 import sys
 from pathlib import Path
 
@@ -67,6 +68,31 @@ def _gc_heap_frozen_between_modules():
     yield
     gc.collect()
     gc.freeze()
+
+
+_PROMETHEUS_DIR = "PROMETHEUS_MULTIPROC_DIR"
+_PROMETHEUS_DIR_AT_START = os.environ.get(_PROMETHEUS_DIR)
+
+
+@pytest.fixture(autouse=True)
+def _prometheus_dir_not_inherited():
+    """After each test, pytest's own ``PROMETHEUS_MULTIPROC_DIR`` as it was.
+
+    An LMCache engine built in this process (the unit tests of the bridge)
+    sets it to ``/tmp/lmcache_prometheus`` when unset
+    (``PrometheusLogger._ensure_multiprocess_dir``), and every vLLM server a
+    later test starts with ``dict(os.environ)`` then inherits it: its
+    ``/metrics`` sums the counter files every earlier server left in that
+    shared directory (seen: ``stored_tokens`` 134016 for a server that
+    stored 768, once the unit tests ran before the server tests). A server
+    started by a user gets no such variable from the shell, and its
+    counters are its own; so are a test server's."""
+    yield
+    if os.environ.get(_PROMETHEUS_DIR) != _PROMETHEUS_DIR_AT_START:
+        if _PROMETHEUS_DIR_AT_START is None:
+            del os.environ[_PROMETHEUS_DIR]
+        else:
+            os.environ[_PROMETHEUS_DIR] = _PROMETHEUS_DIR_AT_START
 
 
 def pytest_unconfigure(config):
