@@ -41,6 +41,13 @@ from lmcache_ascend.cli.tiny_models import token_prompt
 
 from .conftest import run_engine_in
 
+# Every test here starts zygotes that import vLLM (15 s each on a normal
+# 2-core machine, 13 minutes seen on a slow one): as costly as an engine's
+# start. So the time budget (support/time_budget.py) and `-m "not engine"`
+# treat them as engine tests: on a slow machine they ran first with the
+# tests that start no engine, and seven of them outlasted the whole budget.
+pytestmark = pytest.mark.engine
+
 
 @pytest.fixture
 def zygotes(tmp_path):
@@ -206,7 +213,6 @@ def test_the_warm_child_caches_what_vllms_own_subprocess_computes(zygotes, tmp_p
     assert (own / "modelinfos" / name).read_bytes() == (entries / name).read_bytes()
 
 
-@pytest.mark.engine
 @pytest.mark.compat  # fork after vLLM's imports, checked on every supported vLLM
 def test_forked_engine_computes_what_a_fresh_engine_process_does(tmp_path, tiny_model, monkeypatch):
     scenario = Scenario(model=tiny_model("llama"), phases=[
