@@ -37,12 +37,14 @@ during a remote hit <= 1.2x the gap during a vLLM hit; remote TTFT <= the
 fetch time plus one step; fetch rate >= 0.7x the plain client's.
 
 The pool (``--scheme``): Redis through LMCache's redis:// connector
-(redis-py asyncio, the default) or its resp:// one (its native client), or
-Mooncake (a master and a segment holder on 127.0.0.1, TCP).
+(the default; the staged lookups read its entries on redis-py's synchronous
+client, or with ``--lmcache-reads`` through LMCache's asyncio connector) or
+its resp:// one (its native client), or Mooncake (a master and a segment
+holder on 127.0.0.1, TCP).
 
 Usage:
   python bench/bench_remote_hit.py [--lengths 4096,8192,12288] [--repeats 2]
-      [--scheme redis|resp|mooncake] [--json out.json] [--workdir DIR]
+      [--scheme redis|resp|mooncake] [--lmcache-reads] [--json out.json] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -185,9 +187,10 @@ def _value_keys(client) -> list[bytes]:
 class RedisPool:
     """A redis-server read through LMCache's redis:// or resp:// connector."""
 
-    def __init__(self, work: Path, scheme: str) -> None:
+    def __init__(self, work: Path, scheme: str, lmcache_reads: bool = False) -> None:
         self._server = RedisServer(work / "redis")
         self._scheme = scheme
+        self._lmcache_reads = lmcache_reads
 
     def __enter__(self) -> "RedisPool":
         self._server.__enter__()
@@ -198,7 +201,10 @@ class RedisPool:
 
     def env(self) -> dict[str, str]:
         url = self._server.url.replace("redis://", f"{self._scheme}://", 1)
-        return {"LMCACHE_REMOTE_URL": url, "LMCACHE_REMOTE_SERDE": "naive"}
+        env = {"LMCACHE_REMOTE_URL": url, "LMCACHE_REMOTE_SERDE": "naive"}
+        if self._lmcache_reads:  # redis://: the staged lookups read through LMCache's asyncio connector
+            env["LMCACHE_ASCEND_REDIS_SYNC_READS"] = "false"
+        return env
 
     def settle(self) -> int:
         import redis
@@ -329,6 +335,9 @@ def main() -> int:
     ap.add_argument("--save-chunk-meta", action="store_true",
                     help="Mooncake values in LMCache's own format (save_chunk_meta: true; read into Mooncake's "
                          "buffer, then copied) instead of the connector's default (read into LMCache's buffers)")
+    ap.add_argument("--lmcache-reads", action="store_true",
+                    help="redis://: staged lookups read through LMCache's asyncio connector instead of the "
+                         "connector's synchronous redis-py reads (ascend_redis_sync_reads: false)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep server logs here")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
@@ -348,7 +357,7 @@ def main() -> int:
         work = args.workdir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         pool_bytes = sum(remote_prompts_bytes(remote_prompts))
-        pool = MooncakePool(work, pool_bytes, args.save_chunk_meta) if args.scheme == "mooncake" else RedisPool(work, args.scheme)
+        pool = MooncakePool(work, pool_bytes, args.save_chunk_meta) if args.scheme == "mooncake" else RedisPool(work, args.scheme, args.lmcache_reads)
         with pool:
             os.environ.update(pool.env())
             log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731

@@ -255,6 +255,16 @@ KEYS: tuple[KeySpec, ...] = (
         "once it is back. A misconfigured store stops startup either way.",
     ),
     KeySpec(
+        "ascend_redis_sync_reads",
+        bool,
+        True,
+        _to_bool("ascend_redis_sync_reads"),
+        "redis:// and rediss:// pools (one server): the staged lookups read LMCache's entries on "
+        "redis-py's synchronous client on their own thread (1.4-4x LMCache's asyncio reads in "
+        "docs/benchmarks.md, fastest with hiredis installed); false reads them through LMCache's "
+        "connector. Writes and every other operation stay LMCache's.",
+    ),
+    KeySpec(
         "ascend_async_lookup",
         str,
         "auto",
@@ -308,6 +318,7 @@ class AscendConfig:
     skip_state_layer_suffixes: tuple[str, ...] = DEFAULT_SKIP_STATE_LAYER_SUFFIXES
     model_identity: str = ""
     require_remote: bool = False
+    redis_sync_reads: bool = True
     async_lookup: str = "auto"
     layerwise_load: str = "auto"
     pool_secret_file: str = ""

@@ -35,6 +35,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
+from lmcache_ascend.lmcache_bridge.backends import redis_reads
 from lmcache_ascend.lmcache_bridge.patching import overrides
 
 logger = logging.getLogger(__name__)
@@ -152,6 +153,9 @@ class LookupStaging:
         self._counts = StagingCounts()
         # Reads ahead of the checks (``_read``); started by the first read.
         self._pool: Optional[ThreadPoolExecutor] = None
+        # Location -> its synchronous reader (``redis_reads``), or None for
+        # LMCache's own reads; decided once the backend has a connection.
+        self._readers: dict[str, Optional[redis_reads.SyncRedisReader]] = {}
 
     def install(self) -> "LookupStaging":
         # An instance attribute: LMCache's lookup server (and the bypass
@@ -296,7 +300,7 @@ class LookupStaging:
                     if not keys:
                         break
             backend = manager.storage_backends[location]
-            objs = _read_prefix(backend, list(keys))
+            objs = _read_prefix(backend, list(keys), self._reader(location, backend))
             out.extend(_Fetched(location, backend, key, obj) for key, obj in zip(keys, objs))
             if location not in _TRUSTED:
                 timing.add(location, sum(o.get_size() for o in objs if o is not None))
@@ -306,6 +310,16 @@ class LookupStaging:
             complete = len(out) == len(chunks)
         timing.fetch_s += time.perf_counter() - t0
         return out, complete
+
+    def _reader(self, location: str, backend: Any) -> Optional["redis_reads.SyncRedisReader"]:
+        if location in _TRUSTED:
+            return None
+        with self._lock:
+            if location not in self._readers:
+                if getattr(backend, "connection", None) is None:
+                    return None  # down at startup: decided once it is connected
+                self._readers[location] = redis_reads.reader_for(backend)
+            return self._readers[location]
 
     def _check(self, chunks: Sequence[tuple], fetched: list["_Fetched"], now: float) -> tuple[list[StagedChunk], bool]:
         """Verifies ``fetched`` (a prefix of ``chunks``) in order; returns the
@@ -473,6 +487,9 @@ class LookupStaging:
             self._registrations.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+        for reader in self._readers.values():
+            if reader is not None:
+                reader.close()
         # Every staged chunk is released by its load, its request's end (the
         # next step's unpins) or STAGE_TTL_S. Any still held at close means
         # one of those paths missed it: say so, an operator's leak check.
@@ -483,16 +500,17 @@ class LookupStaging:
         )
 
 
-def _read_prefix(backend: Any, keys: list) -> list:
-    """Objects for ``keys`` from ``backend``, cut at the first one that could
-    not be read (a list shorter than ``keys`` or ending in None). A batched
-    read that fails as a whole is retried key by key, so one bad entry does
-    not cost the good ones before it."""
+def _read_prefix(backend: Any, keys: list, reader: Optional["redis_reads.SyncRedisReader"] = None) -> list:
+    """Objects for ``keys`` from ``backend`` (or ``reader``, which reads the
+    same entries), cut at the first one that could not be read (a list
+    shorter than ``keys`` or ending in None). A batched read that fails as a
+    whole is retried key by key, so one bad entry does not cost the good ones
+    before it; ``reader`` reads key by key already."""
     try:
-        objs = list(backend.batched_get_blocking(keys))
+        objs = list(reader.read(keys) if reader is not None else backend.batched_get_blocking(keys))
     except Exception:  # noqa: BLE001 - e.g. metadata that decodes to nonsense
         objs = [None]
-    if objs and objs[0] is None and len(keys) > 1:
+    if reader is None and objs and objs[0] is None and len(keys) > 1:
         objs = []
         for key in keys:
             try:

@@ -1,0 +1,178 @@
+"""Staged lookups read a ``redis://`` pool on redis-py's synchronous client.
+
+Why. LMCache's ``RedisConnector`` reads through ``redis.asyncio`` on the
+storage manager's event loop: per chunk a GET of ``<key>metadata``, a GET of
+``<key>kv_bytes`` and a copy into an LMCache buffer. That reader runs at about
+0.5 GB/s with either of redis-py's reply parsers (docs/benchmarks.md), while
+redis-py's synchronous client with hiredis reads the same values 2-5x faster.
+The staged lookup already waits for its reads on its own fetch thread, beside
+vLLM's step, so it reads the entries there itself, synchronously: one MGET for
+a window's metadata keys, then one GET per value, copied into a buffer that
+LMCache's CPU backend allocates exactly as its connector does.
+
+The entries are LMCache's (``RedisConnector._get``'s format, LMCache 0.5.6 and
+0.5.7rc2): ``RemoteMetadata`` under ``<key>metadata``, the chunk's first
+``metadata.length`` bytes under ``<key>kv_bytes``; what it writes, and every
+other operation (puts, contains, the reconnect), stays LMCache's. A value
+missing while its metadata exists is what LMCache's reader treats as an
+eviction: a miss, the metadata deleted. A value of another length than its
+metadata says, or metadata that does not decode, is a miss (LMCache's reader
+raises there, and the staged lookup sees a miss too). A read cut short by the
+server (down, stalled past ``blocking_timeout_secs``) is a miss from there on.
+
+Only a plain ``RedisConnector`` (``redis://`` or ``rediss://``, one server)
+is read this way; Sentinel and Cluster pools, and every other scheme, read
+through LMCache's backend as before. ``ascend_redis_sync_reads: false`` (an
+LMCache config key, ``LMCACHE_ASCEND_REDIS_SYNC_READS``) turns it off. Which
+reader and parser a pool uses is logged once.
+
+Imports LMCache and redis-py only when a reader is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Optional, Sequence
+
+logger = logging.getLogger(__name__)
+
+SWITCH = "ascend_redis_sync_reads"
+_SCHEMES = ("redis://", "rediss://")
+_lock = threading.Lock()
+_logged: set[str] = set()
+
+
+def _log_once(tag: str, level: int, msg: str, *args: Any) -> None:
+    with _lock:
+        if tag in _logged:
+            return
+        _logged.add(tag)
+    logger.log(level, msg, *args)
+
+
+def _wrapped(connection: Any) -> Any:
+    """LMCache's connector behind its instrumentation wrapper, if any."""
+    unwrap = getattr(connection, "getWrappedConnector", None)
+    return unwrap() if callable(unwrap) else connection
+
+
+def _switched_off(config: Any) -> bool:
+    from lmcache_ascend.planning.settings import AscendConfig
+
+    return not AscendConfig.from_lmcache(config).redis_sync_reads
+
+
+class SyncRedisReader:
+    """Reads LMCache's Redis entries for one ``RemoteBackend``."""
+
+    def __init__(self, backend: Any) -> None:
+        import redis
+        from redis.utils import HIREDIS_AVAILABLE
+
+        self._backend = backend
+        timeout = float(getattr(backend.config, "blocking_timeout_secs", 10) or 10)
+        # Its own small pool: the fetch thread and the lookup thread read, one
+        # at a time per lookup; LMCache's asyncio pool cannot be used off its loop.
+        self._client = redis.Redis.from_url(
+            str(backend.remote_url), socket_timeout=timeout, socket_connect_timeout=timeout, max_connections=4)
+        self.parser = "hiredis" if HIREDIS_AVAILABLE else "redis-py's pure-Python parser"
+        self._errors = (redis.exceptions.RedisError, OSError)
+
+    def read(self, keys: Sequence[Any]) -> list[Optional[Any]]:
+        """LMCache MemoryObjs for the longest readable prefix of ``keys``
+        (each with one reference), then ``None`` if it stopped early; the
+        shape of ``RemoteBackend.batched_get_blocking``'s answer, cut."""
+        from lmcache.v1.protocol import RemoteMetadata
+
+        backend = self._backend
+        if getattr(backend, "_mla_worker_id_as0_mode", False):
+            keys = [key.with_new_worker_id(0) for key in keys]  # as batched_get_blocking does
+        names = [key.to_string() for key in keys]
+        out: list[Optional[Any]] = []
+        t0 = time.perf_counter()
+        try:
+            metas = self._client.mget([name + "metadata" for name in names])
+            for name, raw in zip(names, metas):
+                obj = self._one(name, raw, RemoteMetadata)
+                out.append(obj)
+                if obj is None:
+                    break
+        except self._errors as e:
+            _log_once("error", logging.WARNING,
+                      "lmcache-ascend: a staged read from %s failed (%s: %s); the lookup reports the chunks "
+                      "read before it (logged once)", _redact(backend.remote_url), type(e).__name__, e)
+            out.append(None)
+        monitor = getattr(backend, "stats_monitor", None)
+        if monitor is not None:
+            monitor.update_interval_remote_time_to_get_sync((time.perf_counter() - t0) * 1000)
+        return [backend.deserializer.deserialize(o) if o is not None else None for o in out]
+
+    def _one(self, name: str, raw: Optional[bytes], remote_metadata: Any) -> Optional[Any]:
+        if raw is None:
+            return None
+        try:
+            meta = remote_metadata.deserialize(memoryview(raw))
+        except Exception as e:  # noqa: BLE001 - any undecodable metadata is a miss
+            logger.debug("lmcache-ascend: metadata of %s does not decode: %s", name, e)
+            return None
+        obj = self._backend.local_cpu_backend.allocate(meta.shapes, meta.dtypes, meta.fmt)
+        if obj is None:
+            _log_once("alloc", logging.WARNING,
+                      "lmcache-ascend: LMCache's CPU buffer is full; a staged read stops there (logged once)")
+            return None
+        try:
+            value = self._client.get(name + "kv_bytes")
+            if value is None:
+                # LMCache's reader reads this as an eviction and deletes the
+                # metadata, so no later lookup counts the chunk as present.
+                self._client.delete(name + "metadata")
+                return None
+            view = obj.byte_array
+            view = view.cast("B") if isinstance(view, memoryview) and view.format != "B" else memoryview(view)
+            if len(value) != meta.length or meta.length > len(view):
+                logger.debug("lmcache-ascend: %s holds %d bytes, its metadata says %d", name, len(value), meta.length)
+                obj.ref_count_down()
+                return None
+            view[: meta.length] = value
+            return obj
+        except BaseException:
+            obj.ref_count_down()
+            raise
+
+    def close(self) -> None:
+        try:
+            self._client.close()
+        except self._errors:
+            pass
+
+
+def _redact(url: Any) -> str:
+    from lmcache_ascend.lmcache_bridge.backends.credentials import redact_url
+
+    return redact_url(str(url))
+
+
+def reader_for(backend: Any) -> Optional[SyncRedisReader]:
+    """A synchronous reader for ``backend`` where it is LMCache's plain Redis
+    connector and not switched off; None otherwise (LMCache's own reads)."""
+    if type(backend).__name__ != "RemoteBackend" or backend.connection is None:
+        return None
+    url = str(getattr(backend, "remote_url", "") or "")
+    if not url.startswith(_SCHEMES) or type(_wrapped(backend.connection)).__name__ != "RedisConnector":
+        return None
+    if _switched_off(backend.config):
+        _log_once("off", logging.INFO, "lmcache-ascend: %s=false: staged lookups read %s through LMCache's "
+                  "asyncio Redis connector", SWITCH, _redact(url))
+        return None
+    try:
+        reader = SyncRedisReader(backend)
+    except Exception as e:  # noqa: BLE001 - never worse than LMCache's own reads
+        _log_once("build", logging.WARNING, "lmcache-ascend: staged lookups read %s through LMCache's asyncio "
+                  "connector: the synchronous reader could not be built (%s: %s)", _redact(url), type(e).__name__, e)
+        return None
+    hint = "" if reader.parser == "hiredis" else " (pip install hiredis: 3-5x faster reads of large values)"
+    _log_once("on", logging.INFO, "lmcache-ascend: staged lookups read %s on redis-py's synchronous client with "
+              "%s%s; LMCache's connector does everything else", _redact(url), reader.parser, hint)
+    return reader

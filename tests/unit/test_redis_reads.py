@@ -1,0 +1,198 @@
+"""Staged lookups read a redis:// pool on redis-py's synchronous client
+(``lmcache_bridge/backends/redis_reads.py``), on a real ``redis-server``
+started here. The reference is LMCache's own reader of the same entries
+(``RemoteBackend.batched_get_blocking`` through its asyncio
+``RedisConnector``): every chunk read equal to it byte for byte, and each
+damaged entry a miss in its place, as LMCache's reader makes it."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+import torch
+
+from lmcache_ascend.integration.vllm import adapter_route
+
+adapter_route.install()  # as the entry points do, before LMCache loads its modules
+from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
+
+from lmcache_ascend.lmcache_bridge.backends import redis_reads  # noqa: E402
+from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext  # noqa: E402
+from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine  # noqa: E402
+from pattern_kv import PatternKV, pattern  # noqa: E402
+from redis_server import RedisServer, ensure_redis_server  # noqa: E402
+
+CHUNK = 16
+CHUNK_BYTES = 64 * 1024
+N_CHUNKS = 6
+TOKENS = list(range(7000, 7000 + N_CHUNKS * CHUNK))
+REMOTE = "RemoteBackend"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
+    with RedisServer(tmp_path_factory.mktemp("redis-reads")) as s:
+        yield s
+
+
+def _engine(url: str, model: str, kv: PatternKV, **values) -> WorkerEngine:
+    config = LMCacheEngineConfig.from_defaults(
+        chunk_size=CHUNK, local_cpu=False, max_local_cpu_size=0.05, remote_url=url, remote_serde="naive",
+        pre_caching_hash_algorithm="sha256_cbor", save_unfull_chunk=False, **values)
+    spec = EngineSpec("redis-reads-test", model, 0, 1, CHUNK, {})
+    connector = PagedChunkConnector(CHUNK_BYTES, CHUNK, kv.store, kv.load, checksums=True)
+    return WorkerEngine.start(config, spec, connector, CHUNK_BYTES, 1, "fp")
+
+
+def _stored(server) -> str:
+    """A fresh model's N_CHUNKS chunks, stored in Redis by a writer engine."""
+    model = f"reads-{uuid.uuid4().hex[:8]}"
+    server.client().command("FLUSHALL")  # every key is this test's
+    writer = _engine(server.url, model, PatternKV(CHUNK_BYTES))
+    try:
+        writer.store(torch.tensor(TOKENS), torch.ones(len(TOKENS), dtype=torch.bool), TransferContext("s", ((0,),)))
+        deadline = time.monotonic() + 30
+        while len(server.client().keys("*kv_bytes")) < N_CHUNKS and time.monotonic() < deadline:
+            time.sleep(0.05)  # LMCache's puts are asynchronous
+        assert len(server.client().keys("*kv_bytes")) == N_CHUNKS
+    finally:
+        writer.close()
+    return model
+
+
+def _keys(engine: WorkerEngine) -> list:
+    return [key for start, end, key in engine.engine.token_database.process_tokens(tokens=TOKENS) if end > start]
+
+
+def _release(objs) -> None:
+    for obj in objs:
+        if obj is not None:
+            obj.ref_count_down()
+
+
+def _bytes(obj) -> bytes:
+    return bytes(obj.byte_array)
+
+
+def test_sync_reads_equal_lmcaches_reads_and_load_exactly(server):
+    model = _stored(server)
+    kv = PatternKV(CHUNK_BYTES)
+    reader = _engine(server.url, model, kv)
+    try:
+        backend = reader.engine.storage_manager.storage_backends[REMOTE]
+        sync = redis_reads.reader_for(backend)
+        assert isinstance(sync, redis_reads.SyncRedisReader)
+        keys = _keys(reader)
+        ours, theirs = sync.read(keys), backend.batched_get_blocking(keys)
+        try:
+            assert len(ours) == len(theirs) == N_CHUNKS
+            for a, b in zip(ours, theirs):
+                assert a.get_shapes() == b.get_shapes() and a.get_dtypes() == b.get_dtypes()
+                assert a.get_memory_format() == b.get_memory_format()
+                assert _bytes(a) == _bytes(b)
+        finally:
+            _release(ours)
+            _release(theirs)
+        sync.close()
+
+        # The staged lookup reads through it, and the load copies exactly.
+        assert reader.engine.lookup(tokens=TOKENS, lookup_id="a", pin=True) == len(TOKENS)
+        assert isinstance(reader.staging._readers[REMOTE], redis_reads.SyncRedisReader)
+        claim = reader.claim("a")
+        assert reader.load_claim(claim, 0, len(TOKENS), TransferContext("a", ((0,),))) == len(TOKENS)
+        reader.release_claim(claim)
+        for start in range(0, len(TOKENS), CHUNK):
+            assert torch.equal(kv.loaded[start], pattern(start, CHUNK_BYTES)), start
+        reader.unpin("a")
+        assert reader.staging.held() == 0
+    finally:
+        reader.close()
+
+
+def _damage(client, name: bytes, how: str) -> None:
+    if how == "value deleted":
+        client.delete(name + b"kv_bytes")
+    elif how == "value one byte short":
+        client.set(name + b"kv_bytes", client.get(name + b"kv_bytes")[:-1])
+    elif how == "value one byte long":
+        client.set(name + b"kv_bytes", client.get(name + b"kv_bytes") + b"\0")
+    elif how == "metadata undecodable":
+        client.set(name + b"metadata", b"\x07")
+    else:
+        raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["value deleted", "value one byte short", "value one byte long", "metadata undecodable"])
+def test_a_damaged_entry_is_a_miss_in_its_place_as_lmcaches_reader_makes_it(server, how):
+    model = _stored(server)
+    reader = _engine(server.url, model, PatternKV(CHUNK_BYTES))
+    try:
+        backend = reader.engine.storage_manager.storage_backends[REMOTE]
+        sync = redis_reads.reader_for(backend)
+        keys = _keys(reader)
+        name = keys[3].to_string().encode()
+        _damage(server.client(), name, how)
+        ours = sync.read(keys)
+        try:
+            assert [o is not None for o in ours] == [True, True, True, False]
+            for i in range(3):  # the chunks before it are LMCache's, byte for byte
+                theirs = backend.batched_get_blocking([keys[i]])
+                assert _bytes(ours[i]) == _bytes(theirs[0])
+                _release(theirs)
+            theirs = backend.batched_get_blocking([keys[3]])  # LMCache's own reader misses it too
+            assert theirs == [None]
+        finally:
+            _release(ours)
+        if how == "value deleted":  # what LMCache's reader does on an evicted value: the metadata goes
+            assert server.client().get(name + b"metadata") is None
+        sync.close()
+        # Through the staged lookup: the hit ends before the damaged chunk.
+        assert reader.engine.lookup(tokens=TOKENS, lookup_id="b", pin=True) == 3 * CHUNK
+        reader.unpin("b")
+        assert reader.staging.held() == 0
+    finally:
+        reader.close()
+
+
+def test_a_server_gone_is_a_miss_not_an_error(tmp_path):
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
+    with RedisServer(tmp_path) as own:
+        model = _stored(own)
+        reader = _engine(own.url, model, PatternKV(CHUNK_BYTES), blocking_timeout_secs=2)
+        try:
+            backend = reader.engine.storage_manager.storage_backends[REMOTE]
+            sync = redis_reads.reader_for(backend)
+            keys = _keys(reader)
+            first = sync.read(keys[:1])
+            assert first[0] is not None
+            _release(first)
+            own.kill()
+            t0 = time.monotonic()
+            assert sync.read(keys) == [None]
+            assert time.monotonic() - t0 < 10
+            sync.close()
+        finally:
+            reader.close()
+
+
+def test_switched_off_and_other_schemes_read_through_lmcache(server):
+    model = _stored(server)
+    reader = _engine(server.url, model, PatternKV(CHUNK_BYTES), **{redis_reads.SWITCH: False})
+    try:
+        backend = reader.engine.storage_manager.storage_backends[REMOTE]
+        assert redis_reads.reader_for(backend) is None
+        assert reader.engine.lookup(tokens=TOKENS, lookup_id="c", pin=True) == len(TOKENS)  # LMCache's reads
+        assert reader.staging._readers[REMOTE] is None
+        reader.unpin("c")
+    finally:
+        reader.close()
+    resp = _engine(server.url.replace("redis://", "resp://", 1), model, PatternKV(CHUNK_BYTES))
+    try:
+        assert redis_reads.reader_for(resp.engine.storage_manager.storage_backends[REMOTE]) is None
+    finally:
+        resp.close()
