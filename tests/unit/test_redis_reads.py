@@ -1,6 +1,7 @@
 """Staged lookups read a redis:// pool on redis-py's synchronous client
-(``lmcache_bridge/backends/redis_reads.py``), on a real ``redis-server``
-started here. The reference is LMCache's own reader of the same entries
+with hiredis (``lmcache_bridge/backends/redis_reads.py``; hiredis is a
+dependency of the package and of every test stack), on a real
+``redis-server`` started here. The reference is LMCache's own reader of the same entries
 (``RemoteBackend.batched_get_blocking`` through its asyncio
 ``RedisConnector``): every chunk read equal to it byte for byte, and each
 damaged entry a miss in its place, as LMCache's reader makes it."""
@@ -180,7 +181,9 @@ def test_a_server_gone_is_a_miss_not_an_error(tmp_path):
             reader.close()
 
 
-def test_switched_off_and_other_schemes_read_through_lmcache(server):
+def test_switched_off_without_hiredis_and_other_schemes_read_through_lmcache(server, monkeypatch):
+    import redis.utils
+
     model = _stored(server)
     reader = _engine(server.url, model, PatternKV(CHUNK_BYTES), **{redis_reads.SWITCH: False})
     try:
@@ -196,3 +199,43 @@ def test_switched_off_and_other_schemes_read_through_lmcache(server):
         assert redis_reads.reader_for(resp.engine.storage_manager.storage_backends[REMOTE]) is None
     finally:
         resp.close()
+    # Without hiredis the synchronous client is the slower reader
+    # (bench/bench_redis_reads.py): LMCache's reads, and the hit still exact.
+    monkeypatch.setattr(redis.utils, "HIREDIS_AVAILABLE", False)
+    kv = PatternKV(CHUNK_BYTES)
+    plain = _engine(server.url, model, kv)
+    try:
+        assert redis_reads.reader_for(plain.engine.storage_manager.storage_backends[REMOTE]) is None
+        assert plain.engine.lookup(tokens=TOKENS, lookup_id="d", pin=True) == len(TOKENS)
+        assert plain.staging._readers[REMOTE] is None
+        claim = plain.claim("d")
+        assert plain.load_claim(claim, 0, len(TOKENS), TransferContext("d", ((0,),))) == len(TOKENS)
+        plain.release_claim(claim)
+        assert all(torch.equal(kv.loaded[s], pattern(s, CHUNK_BYTES)) for s in range(0, len(TOKENS), CHUNK))
+    finally:
+        plain.close()
+
+
+def test_contains_counts_the_prefix_lmcache_counts(server):
+    """The staged lookup's first question (which chunks does Redis hold) is
+    answered in one pipeline; LMCache's own answer (its class's method, one
+    EXISTS per key on its loop) is the reference."""
+    model = _stored(server)
+    reader = _engine(server.url, model, PatternKV(CHUNK_BYTES))
+    try:
+        backend = reader.engine.storage_manager.storage_backends[REMOTE]
+        lmcaches = type(backend).batched_contains
+        sync = redis_reads.reader_for(backend)
+        assert backend.batched_contains == sync.batched_contains  # installed on this backend
+        keys = _keys(reader)
+        assert sync.batched_contains(keys) == lmcaches(backend, keys) == N_CHUNKS
+        server.client().delete(keys[2].to_string().encode() + b"metadata")
+        assert sync.batched_contains(keys) == lmcaches(backend, keys) == 2
+        assert sync.batched_contains(keys[2:]) == lmcaches(backend, keys[2:]) == 0
+        other = [k for a, b, k in reader.engine.token_database.process_tokens(tokens=[t + 1 for t in TOKENS]) if b > a]
+        assert sync.batched_contains(other) == lmcaches(backend, other) == 0
+        sync.close()
+        assert "batched_contains" not in vars(backend) or backend.batched_contains.__func__ is lmcaches
+    finally:
+        reader.close()
+

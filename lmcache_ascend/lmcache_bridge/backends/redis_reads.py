@@ -2,13 +2,15 @@
 
 Why. LMCache's ``RedisConnector`` reads through ``redis.asyncio`` on the
 storage manager's event loop: per chunk a GET of ``<key>metadata``, a GET of
-``<key>kv_bytes`` and a copy into an LMCache buffer. That reader runs at about
-0.5 GB/s with either of redis-py's reply parsers (docs/benchmarks.md), while
-redis-py's synchronous client with hiredis reads the same values 2-5x faster.
-The staged lookup already waits for its reads on its own fetch thread, beside
-vLLM's step, so it reads the entries there itself, synchronously: one MGET for
-a window's metadata keys, then one GET per value, copied into a buffer that
-LMCache's CPU backend allocates exactly as its connector does.
+``<key>kv_bytes`` and a copy into an LMCache buffer. With hiredis installed
+(a dependency of this package), redis-py's synchronous client reads the same
+values about 2.3x faster (bench/bench_redis_reads.py: 1.82 against 0.78
+GB/s, 2 MiB values). The staged lookup already waits for its reads on its own
+threads, beside vLLM's step, so it reads the entries there itself,
+synchronously: one MGET for a window's metadata keys, then one GET per value,
+copied into a buffer that LMCache's CPU backend allocates exactly as its
+connector does. Without hiredis the synchronous client is the slower one
+(redis-py's pure-Python parser), so LMCache's reads stay, and the log says so.
 
 The entries are LMCache's (``RedisConnector._get``'s format, LMCache 0.5.6 and
 0.5.7rc2): ``RemoteMetadata`` under ``<key>metadata``, the chunk's first
@@ -20,8 +22,8 @@ metadata says, or metadata that does not decode, is a miss (LMCache's reader
 raises there, and the staged lookup sees a miss too). A read cut short by the
 server (down, stalled past ``blocking_timeout_secs``) is a miss from there on.
 
-Only a plain ``RedisConnector`` (``redis://`` or ``rediss://``, one server)
-is read this way; Sentinel and Cluster pools, and every other scheme, read
+Only a plain ``RedisConnector`` (``redis://`` or ``rediss://``, one server),
+with hiredis, is read this way; Sentinel and Cluster pools, and every other scheme, read
 through LMCache's backend as before. ``ascend_redis_sync_reads: false`` (an
 LMCache config key, ``LMCACHE_ASCEND_REDIS_SYNC_READS``) turns it off. Which
 reader and parser a pool uses is logged once.
@@ -69,16 +71,47 @@ class SyncRedisReader:
 
     def __init__(self, backend: Any) -> None:
         import redis
-        from redis.utils import HIREDIS_AVAILABLE
-
         self._backend = backend
         timeout = float(getattr(backend.config, "blocking_timeout_secs", 10) or 10)
         # Its own small pool: the fetch thread and the lookup thread read, one
         # at a time per lookup; LMCache's asyncio pool cannot be used off its loop.
         self._client = redis.Redis.from_url(
             str(backend.remote_url), socket_timeout=timeout, socket_connect_timeout=timeout, max_connections=4)
-        self.parser = "hiredis" if HIREDIS_AVAILABLE else "redis-py's pure-Python parser"
         self._errors = (redis.exceptions.RedisError, OSError)
+        self._contains: Optional[Any] = None  # what install_contains replaced
+
+    def install_contains(self) -> None:
+        """Answer LMCache's ``batched_contains`` for this backend with one
+        pipeline of EXISTS (``close`` puts LMCache's back)."""
+        from lmcache_ascend.lmcache_bridge.patching import overrides
+
+        self._contains = overrides.apply(
+            overrides.REDIS_SYNC_CONTAINS, self._backend, "batched_contains", self.batched_contains)
+
+    def batched_contains(self, keys: Sequence[Any], pin: bool = False) -> int:
+        """How many of ``keys``, from the first, have their metadata key in
+        Redis: LMCache's ``RemoteBackend.batched_contains`` answer (it asks
+        EXISTS of ``<key>metadata`` per key; Redis cannot pin)."""
+        backend = self._backend
+        if backend.connection is None:  # LMCache's answer while the store is down
+            return 0
+        if getattr(backend, "_mla_worker_id_as0_mode", False):
+            keys = [key.with_new_worker_id(0) for key in keys]
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key in keys:
+                pipe.exists(key.to_string() + "metadata")
+            found = pipe.execute()
+        except self._errors as e:
+            _log_once("contains", logging.WARNING, "lmcache-ascend: asking %s which chunks it holds failed "
+                      "(%s: %s); counted as none (logged once)", _redact(backend.remote_url), type(e).__name__, e)
+            return 0
+        count = 0
+        for hit in found:
+            if not hit:
+                break
+            count += 1
+        return count
 
     def read(self, keys: Sequence[Any]) -> list[Optional[Any]]:
         """LMCache MemoryObjs for the longest readable prefix of ``keys``
@@ -142,6 +175,11 @@ class SyncRedisReader:
             raise
 
     def close(self) -> None:
+        if self._contains is not None:
+            from lmcache_ascend.lmcache_bridge.patching import overrides
+
+            overrides.undo(self._contains)
+            self._contains = None
         try:
             self._client.close()
         except self._errors:
@@ -166,13 +204,23 @@ def reader_for(backend: Any) -> Optional[SyncRedisReader]:
         _log_once("off", logging.INFO, "lmcache-ascend: %s=false: staged lookups read %s through LMCache's "
                   "asyncio Redis connector", SWITCH, _redact(url))
         return None
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if not HIREDIS_AVAILABLE:
+        # Measured (bench/bench_redis_reads.py): with redis-py's pure-Python
+        # parser the synchronous client reads large values several times
+        # slower than LMCache's asyncio reader, so LMCache's reads stay.
+        _log_once("parser", logging.INFO, "lmcache-ascend: staged lookups read %s through LMCache's asyncio "
+                  "connector: hiredis is not installed (pip install hiredis: the connector then reads on "
+                  "redis-py's synchronous client, about 2x faster per hit in docs/benchmarks.md)", _redact(url))
+        return None
     try:
         reader = SyncRedisReader(backend)
+        reader.install_contains()
     except Exception as e:  # noqa: BLE001 - never worse than LMCache's own reads
         _log_once("build", logging.WARNING, "lmcache-ascend: staged lookups read %s through LMCache's asyncio "
                   "connector: the synchronous reader could not be built (%s: %s)", _redact(url), type(e).__name__, e)
         return None
-    hint = "" if reader.parser == "hiredis" else " (pip install hiredis: 3-5x faster reads of large values)"
     _log_once("on", logging.INFO, "lmcache-ascend: staged lookups read %s on redis-py's synchronous client with "
-              "%s%s; LMCache's connector does everything else", _redact(url), reader.parser, hint)
+              "hiredis; LMCache's connector does everything else", _redact(url))
     return reader

@@ -339,6 +339,15 @@ RECONNECT_NOW = Override(
     "that wait (backends/remote_pool.py).",
     ("tests/unit/test_overrides.py::test_reconnector_clears_lmcaches_wait",),
 )
+REDIS_SYNC_CONTAINS = Override(
+    "redis_sync_contains",
+    "RemoteBackend.batched_contains (instance, redis:// with hiredis; restored at close)",
+    Kind.INSTANCE_OVERRIDE, _L, _LMC,
+    "LMCache asks Redis for a chunk's metadata key one EXISTS at a time through its event loop (a "
+    "round trip per chunk before every staged read); the synchronous reader asks for all of them in "
+    "one pipeline, same keys, same prefix count (backends/redis_reads.py).",
+    ("tests/unit/test_redis_reads.py::test_contains_counts_the_prefix_lmcache_counts",),
+)
 RECOMPUTE_ON_LOAD_FAILURE = Override(
     "kv_load_failure_policy",
     "vllm_config.kv_transfer_config.kv_load_failure_policy",
@@ -376,6 +385,6 @@ ENTRIES: tuple[Override, ...] = (
     PQ_EXECUTOR_SHIELD, NATIVE_SYNC_ON_LOOP, CONFIG_KEYS, VLLM_ADAPTER_SHIM, MOVED_MODULE_SPEC, MOONCAKE_ACCOUNTING,
     MOONCAKE_CHECKED_STORE, STAGED_LOOKUP, STEP_PUTS, PREFIX_HASH_MEMO, PINNED_INIT_HASH, KEY_METADATA,
     LAYOUT_MODEL_NAME, ENGINE_GUARD, REFUSED_SAVE, WHOLE_CHUNKS_ONLY, DETERMINISTIC_CHUNK_HASH, CHUNK_META_SETTING,
-    DEFAULT_CHUNK_SIZE, DETACHED_REMOTE_CONNECTION, RECONNECT_NOW, RECOMPUTE_ON_LOAD_FAILURE,
+    DEFAULT_CHUNK_SIZE, DETACHED_REMOTE_CONNECTION, RECONNECT_NOW, REDIS_SYNC_CONTAINS, RECOMPUTE_ON_LOAD_FAILURE,
     SCHEDULER_WATERMARK, ALIGN_BLOCK_SIZE, CONNECTOR_SHUTDOWN,
 )
