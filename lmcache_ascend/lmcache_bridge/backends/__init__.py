@@ -7,6 +7,8 @@
 * ``mooncake``: Mooncake's setup keys validated at startup (with a probe in a
   child process) and its run-time failures counted.
 * ``credentials``: the store's passwords never reach a log line or an error.
+* ``redis_reads``: the staged lookups read a ``redis://`` pool's entries on
+  redis-py's synchronous client (with hiredis), LMCache's format.
 
 Importing this package imports nothing; none of its modules imports LMCache
 at import time.
