@@ -32,6 +32,7 @@ PATHS = {
         lmcache_modules.LOOKUP_CLIENT_FACTORY: "lmcache.v1.lookup_client.factory",
         lmcache_modules.GPU_CONNECTOR_FACTORY: "lmcache.v1.gpu_connector",
         lmcache_modules.GPU_CONNECTORS: "lmcache.v1.gpu_connector.gpu_connectors",
+        lmcache_modules.PROTOCOL: "lmcache.v1.protocol",
     },
     "0.5.7rc2": {
         lmcache_modules.VLLM_ADAPTER: "lmcache.inprocess.integration.vllm.vllm_v1_adapter",
@@ -40,6 +41,7 @@ PATHS = {
         lmcache_modules.LOOKUP_CLIENT_FACTORY: "lmcache.inprocess.v1.lookup_client.factory",
         lmcache_modules.GPU_CONNECTOR_FACTORY: "lmcache.inprocess.v1.gpu_connector",
         lmcache_modules.GPU_CONNECTORS: "lmcache.inprocess.v1.gpu_connector.gpu_connectors",
+        lmcache_modules.PROTOCOL: "lmcache.inprocess.v1.protocol",
     },
 }
 # What each module is used for here (defined in it).
@@ -50,6 +52,7 @@ DEFINES = {
     lmcache_modules.LOOKUP_CLIENT_FACTORY: "LookupClientFactory",
     lmcache_modules.GPU_CONNECTOR_FACTORY: "CreateGPUConnector",
     lmcache_modules.GPU_CONNECTORS: "GPUConnectorInterface",
+    lmcache_modules.PROTOCOL: "RemoteMetadata",
 }
 # Patched modules that did not move.
 UNMOVED = ("lmcache.v1.storage_backend.job_executor.pq_executor", "lmcache.v1.config",

@@ -239,3 +239,41 @@ def test_contains_counts_the_prefix_lmcache_counts(server):
     finally:
         reader.close()
 
+
+
+def test_a_reader_defect_costs_nothing_but_its_speed(server, monkeypatch, caplog):
+    """The reader raising where it should answer (here: on the third chunk)
+    sends that read through LMCache's reader: the hit is whole and exact,
+    one ERROR says so, and nothing the failed read took stays referenced."""
+    model = _stored(server)
+    kv = PatternKV(CHUNK_BYTES)
+    reader = _engine(server.url, model, kv)
+    calls = []
+
+    taken = []  # what the reader read before its defect
+
+    def broken(self, name, raw, metadata):
+        calls.append(name)
+        if len(calls) == 3:
+            raise RuntimeError("a defect")
+        obj = real(self, name, raw, metadata)
+        taken.append(obj)
+        return obj
+
+    real = redis_reads.SyncRedisReader._one
+    monkeypatch.setattr(redis_reads.SyncRedisReader, "_one", broken)
+    try:
+        with caplog.at_level("ERROR"):
+            assert reader.engine.lookup(tokens=TOKENS, lookup_id="e", pin=True) == len(TOKENS)
+        assert len(calls) == 3  # the sync reader ran, failed, and LMCache's read the rest
+        assert [r.getMessage() for r in caplog.records if "synchronous Redis reader failed" in r.getMessage()]
+        claim = reader.claim("e")
+        assert reader.load_claim(claim, 0, len(TOKENS), TransferContext("e", ((0,),))) == len(TOKENS)
+        reader.release_claim(claim)
+        assert all(torch.equal(kv.loaded[s], pattern(s, CHUNK_BYTES)) for s in range(0, len(TOKENS), CHUNK))
+        reader.unpin("e")
+        assert reader.staging.held() == 0
+        # The two chunks read before the defect went back to LMCache.
+        assert len(taken) == 2 and all(obj.get_ref_count() == 0 for obj in taken)
+    finally:
+        reader.close()

@@ -71,7 +71,12 @@ class SyncRedisReader:
 
     def __init__(self, backend: Any) -> None:
         import redis
+        from lmcache_ascend.lmcache_bridge.patching import lmcache_modules
+
         self._backend = backend
+        # Resolved here, so a release that moved it fails the build (LMCache's
+        # reads, logged), not every read.
+        self._metadata = lmcache_modules.load(lmcache_modules.PROTOCOL).RemoteMetadata
         timeout = float(getattr(backend.config, "blocking_timeout_secs", 10) or 10)
         # Its own small pool: the fetch thread and the lookup thread read, one
         # at a time per lookup; LMCache's asyncio pool cannot be used off its loop.
@@ -117,8 +122,7 @@ class SyncRedisReader:
         """LMCache MemoryObjs for the longest readable prefix of ``keys``
         (each with one reference), then ``None`` if it stopped early; the
         shape of ``RemoteBackend.batched_get_blocking``'s answer, cut."""
-        from lmcache.v1.protocol import RemoteMetadata
-
+        RemoteMetadata = self._metadata
         backend = self._backend
         if getattr(backend, "_mla_worker_id_as0_mode", False):
             keys = [key.with_new_worker_id(0) for key in keys]  # as batched_get_blocking does
@@ -132,7 +136,12 @@ class SyncRedisReader:
                 out.append(obj)
                 if obj is None:
                     break
-        except self._errors as e:
+        except BaseException as e:
+            if not isinstance(e, self._errors):
+                for obj in out:  # nothing read stays referenced when the caller falls back
+                    if obj is not None:
+                        obj.ref_count_down()
+                raise
             _log_once("error", logging.WARNING,
                       "lmcache-ascend: a staged read from %s failed (%s: %s); the lookup reports the chunks "
                       "read before it (logged once)", _redact(backend.remote_url), type(e).__name__, e)
@@ -184,6 +193,15 @@ class SyncRedisReader:
             self._client.close()
         except self._errors:
             pass
+
+
+def reader_failed(error: BaseException) -> None:
+    """The reader raised where it should have answered (a defect, or an
+    LMCache release whose entries it does not know): the read goes through
+    LMCache's reader instead; said once, loudly."""
+    _log_once("defect", logging.ERROR, "lmcache-ascend: the synchronous Redis reader failed (%s: %s); this "
+              "and any later failing read go through LMCache's reader (set ascend_redis_sync_reads: false "
+              "to stop trying it)", type(error).__name__, error)
 
 
 def _redact(url: Any) -> str:

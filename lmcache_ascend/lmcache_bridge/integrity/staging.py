@@ -506,10 +506,18 @@ def _read_prefix(backend: Any, keys: list, reader: Optional["redis_reads.SyncRed
     shorter than ``keys`` or ending in None). A batched read that fails as a
     whole is retried key by key, so one bad entry does not cost the good ones
     before it; ``reader`` reads key by key already."""
-    try:
-        objs = list(reader.read(keys) if reader is not None else backend.batched_get_blocking(keys))
-    except Exception:  # noqa: BLE001 - e.g. metadata that decodes to nonsense
-        objs = [None]
+    objs: Optional[list] = None
+    if reader is not None:
+        try:
+            objs = list(reader.read(keys))
+        except Exception as e:  # noqa: BLE001 - a defect of ours must not cost the hit
+            redis_reads.reader_failed(e)
+            reader = None
+    if objs is None:
+        try:
+            objs = list(backend.batched_get_blocking(keys))
+        except Exception:  # noqa: BLE001 - e.g. metadata that decodes to nonsense
+            objs = [None]
     if reader is None and objs and objs[0] is None and len(keys) > 1:
         objs = []
         for key in keys:

@@ -35,6 +35,8 @@ LOOKUP_CLIENT_FACTORY = "lmcache.v1.lookup_client.factory"
 # multiprocess mode's GDS code: the factory moved.
 GPU_CONNECTOR_FACTORY = "lmcache.v1.gpu_connector"
 GPU_CONNECTORS = "lmcache.v1.gpu_connector.gpu_connectors"  # GPUConnectorInterface
+# RemoteMetadata (the metadata key of LMCache's Redis entries: backends/redis_reads.py).
+PROTOCOL = "lmcache.v1.protocol"
 # lmcache_get_or_create_config, ENGINE_NAME: LMCache's vLLM helpers. Not
 # mapped in any layout below: its path in 0.5.7rc2 was not read, so it is
 # imported by this name on every release, as before.
@@ -64,6 +66,9 @@ _INPROCESS = {
     LOOKUP_CLIENT_FACTORY: "lmcache.inprocess.v1.lookup_client.factory",
     GPU_CONNECTOR_FACTORY: "lmcache.inprocess.v1.gpu_connector",
     GPU_CONNECTORS: "lmcache.inprocess.v1.gpu_connector.gpu_connectors",
+    # 0.5.7rc2 keeps a lmcache.v1.protocol too, without RemoteMetadata; its
+    # RedisConnector imports it from here.
+    PROTOCOL: "lmcache.inprocess.v1.protocol",
 }
 
 # Oldest first. A release not listed gets the layout of the newest listed
