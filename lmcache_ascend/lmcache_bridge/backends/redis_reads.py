@@ -14,8 +14,10 @@ connector does. Without hiredis the synchronous client is the slower one
 
 The entries are LMCache's (``RedisConnector._get``'s format, LMCache 0.5.6 and
 0.5.7rc2): ``RemoteMetadata`` under ``<key>metadata``, the chunk's first
-``metadata.length`` bytes under ``<key>kv_bytes``; what it writes, and every
-other operation (puts, contains, the reconnect), stays LMCache's. A value
+``metadata.length`` bytes under ``<key>kv_bytes``. LMCache's ``contains``
+of this backend is answered here too, one pipeline of EXISTS of the same
+metadata keys instead of a round trip per chunk (``install_contains``);
+writes and every other operation (puts, the reconnect) stay LMCache's. A value
 missing while its metadata exists is what LMCache's reader treats as an
 eviction: a miss, the metadata deleted. A value of another length than its
 metadata says, or metadata that does not decode, is a miss (LMCache's reader
@@ -23,8 +25,8 @@ raises there, and the staged lookup sees a miss too). A read cut short by the
 server (down, stalled past ``blocking_timeout_secs``) is a miss from there on.
 
 Only a plain ``RedisConnector`` (``redis://`` or ``rediss://``, one server),
-with hiredis, is read this way; Sentinel and Cluster pools, and every other scheme, read
-through LMCache's backend as before. ``ascend_redis_sync_reads: false`` (an
+with hiredis, is read this way; Sentinel and Cluster pools, and every other
+scheme, read through LMCache's backend as before. ``ascend_redis_sync_reads: false`` (an
 LMCache config key, ``LMCACHE_ASCEND_REDIS_SYNC_READS``) turns it off. Which
 reader and parser a pool uses is logged once.
 
