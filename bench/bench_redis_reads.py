@@ -10,6 +10,8 @@ What the staged lookup's reads cost (issue 36's fetch-rate goal: at least
            ``RedisConnector`` on the storage manager's loop;
 * resp     LMCache's native client (``resp://``), which writes keys of its
            own (one value per chunk) on the same server;
+* zlib     the sync staged hit again with the checksums on the standard
+           library's zlib.crc32 (what ran before zlib-ng: the same values);
 * plain    redis-py ``GET``s of the same values, one at a time, into bytes
            (what the goal compares with), with each reply parser this
            environment has (its pure-Python one; hiredis's where installed).
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from pathlib import Path
 
 import torch
@@ -47,6 +50,7 @@ adapter_route.install()  # our config keys registered before LMCache loads its c
 from lmcache.v1.config import LMCacheEngineConfig  # noqa: E402
 
 from lmcache_ascend.lmcache_bridge.backends import redis_reads  # noqa: E402
+from lmcache_ascend.lmcache_bridge.engine import chunk_io  # noqa: E402
 from lmcache_ascend.lmcache_bridge.engine.chunk_io import PagedChunkConnector, TransferContext  # noqa: E402
 from lmcache_ascend.lmcache_bridge.engine.lmcache_engine import EngineSpec, WorkerEngine  # noqa: E402
 from lmcache_ascend.lmcache_bridge.integrity import staging  # noqa: E402
@@ -54,6 +58,7 @@ from redis_server import RedisServer, ensure_redis_server  # noqa: E402
 
 CHUNK = 256
 REMOTE = "RemoteBackend"
+ZLIB_ROW = "staged hit, sync reads, zlib's crc32"
 
 
 def _engine(url: str, model: str, chunk_bytes: int, chunks: int, name: str) -> WorkerEngine:
@@ -141,6 +146,17 @@ def main() -> int:
             counter = [0]
             cases = {f"staged hit, {name} reads": (lambda name=name: staged(engines[name], counter))
                      for name in engines}  # resp: LMCache's native client (resp://)
+
+            def zlib_crc(fn):
+                def run() -> None:
+                    fast, chunk_io._crc32 = chunk_io._crc32, zlib.crc32
+                    try:
+                        fn()
+                    finally:
+                        chunk_io._crc32 = fast
+                return run
+
+            cases[ZLIB_ROW] = zlib_crc(cases["staged hit, sync reads"])
             cases.update({f"reads alone, {name}": (lambda name=name: reads(name)) for name in ("sync", "lmcache")})
             remote = writer.engine.storage_manager.storage_backends[REMOTE]
             cases["contains alone (LMCache's, per key)"] = lambda: remote.batched_contains(keys)
@@ -168,7 +184,9 @@ def main() -> int:
     for name, rate in med.items():
         print(f"| {name} | {nbytes / rate / 1e6:.1f} | {rate:.2f} | {rate / med[ref_name]:.2f} |")
     print(f"sync / lmcache, staged hit: {med['staged hit, sync reads'] / med['staged hit, lmcache reads']:.2f}; "
-          f"reads alone: {med['reads alone, sync'] / med['reads alone, lmcache']:.2f}")
+          f"reads alone: {med['reads alone, sync'] / med['reads alone, lmcache']:.2f}; "
+          f"checksums on {chunk_io.CRC32_IMPL} / on zlib: "
+          f"{med['staged hit, sync reads'] / med[ZLIB_ROW]:.2f}")
     return 0
 
 

@@ -20,7 +20,7 @@ engine: the storing thread's time per step (median), its ratio to the
 no-checksum floor, and the time until the step's chunks were handed off
 (sealed and given to Redis): the work that moved, not work saved. With a
 ``--compute-ms`` busy loop after each step (the next forward), also the step
-plus compute time: whether the seals really run on the idle core (zlib and
+plus compute time: whether the seals really run on the idle core (the crc32 and
 BLAKE3 release the GIL).
 
     python bench/bench_step_store.py [--chunks 8] [--chunk-mib 2] [--repeat 12] [--compute-ms 0]

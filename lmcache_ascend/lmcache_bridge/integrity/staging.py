@@ -241,7 +241,7 @@ class LookupStaging:
 
         Windows of ``FETCH_WINDOW`` chunks are pipelined: the fetch thread
         asks the backends for window k+1 while this thread verifies window k
-        (``zlib.crc32`` and BLAKE3 release the GIL, the backends wait on
+        (the crc32 and BLAKE3 release the GIL, the backends wait on
         their own I/O threads), so a remote hit costs about its reads, not
         its reads plus its checks."""
         timing = _Timing()
