@@ -13,6 +13,12 @@ remote backend) holds. Measured, against two controls on the same server:
            once before): the no-transfer limit;
   cold     a prompt nobody has seen: a full prefill (chunked by vLLM).
 
+and, with nothing decoding (what the fetch itself costs where the CPU is
+not shared with the model's compute, as on an NPU host):
+
+  remote-idle  another prompt held in Redis only;
+  vllm-idle    the vLLM-hit prompt once more.
+
 Two OpenAI servers with the connector run one after the other: the writer
 computes every "remote" prompt once (its stores reach Redis) and stops;
 the reader starts with empty caches and serves the three kinds while one
@@ -34,7 +40,11 @@ than a decode step on this kind of machine.
 
 Goals (issue 36), printed as ratios measured here: largest decode gap
 during a remote hit <= 1.2x the gap during a vLLM hit; remote TTFT <= the
-fetch time plus one step; fetch rate >= 0.7x the plain client's.
+fetch time plus one step; fetch rate >= 0.7x the plain client's. The fetch
+rate is printed twice, like with like: the remote hit beside a decode
+against the plain client beside a decode (and idle), and the remote hit with
+nothing decoding (its TTFT minus the idle vLLM hit's) against the idle plain
+client. On vLLM-CPU the decode's threads take the cores the reads need.
 
 The pool (``--scheme``): Redis through LMCache's redis:// connector
 (the default; the staged lookups read its entries on redis-py's synchronous
@@ -143,6 +153,12 @@ def p99(xs: list[float]) -> float:
 
 
 def arrive(port: int, model: str, kind: str, prompt: list[int], length: int, repeat: int) -> Arrival:
+    if kind.endswith("-idle"):  # nothing decodes: no gaps to report
+        time.sleep(0.5)
+        reply = complete(port, model, prompt, max_tokens=4, timeout=REQUEST_TIMEOUT_S)
+        nan = float("nan")
+        return Arrival(kind, length, repeat, reply.ttft, reply.cached_tokens, nan, nan, nan, reply.tokens,
+                       reply.logprobs)
     dec = Decoder(port, model, seed=90_000 + 7 * length + 100 * repeat + len(kind))
     try:
         dec.wait_steady()
@@ -348,10 +364,12 @@ def main() -> int:
     max_len = max(lengths) + 64
     # KV for the decoder, the three kinds of prompt per length and repeat
     # (the vLLM-hit ones stay resident), with room to spare.
-    kv_gib = max(1, -(-(3 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN) // (1 << 30)) + 1)
-    lmcache_gb = max(2.0, 2 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN / 1e9)
+    kv_gib = max(1, -(-(4 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN) // (1 << 30)) + 1)
+    lmcache_gb = max(2.0, 3 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN / 1e9)
     spec = ServerSpec(model, "ascend", max_len, kv_space_gib=kv_gib, lmcache_cpu_gb=lmcache_gb, chunk_size=CHUNK)
-    remote_prompts = {(n, r): token_prompt(n, seed=1000 * r + n) for n in lengths for r in range(args.repeats)}
+    # (length, repeat, kind): the prompts only the pool holds.
+    remote_prompts = {(n, r, kind): token_prompt(n, seed=1000 * r + n + (500 if kind == "remote-idle" else 0))
+                      for n in lengths for r in range(args.repeats) for kind in ("remote", "remote-idle")}
     arrivals: list[Arrival] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = args.workdir or Path(tmp)
@@ -379,7 +397,10 @@ def main() -> int:
                         log(f"length {n}, repeat {r}")
                         arrivals.append(arrive(reader.port, model, "cold", other, n, r))
                         arrivals.append(arrive(reader.port, model, "vllm", other, n, r))
-                        arrivals.append(arrive(reader.port, model, "remote", remote_prompts[(n, r)], n, r))
+                        arrivals.append(arrive(reader.port, model, "remote", remote_prompts[(n, r, "remote")], n, r))
+                        arrivals.append(arrive(reader.port, model, "vllm-idle", other, n, r))
+                        arrivals.append(arrive(reader.port, model, "remote-idle", remote_prompts[(n, r, "remote-idle")],
+                                               n, r))
                 # Like with like: the plain client also reads while a request
                 # decodes on this machine, as every remote hit above did.
                 dec = Decoder(reader.port, model, seed=77)
@@ -397,8 +418,8 @@ def main() -> int:
 
     exact = []
     for a in arrivals:
-        if a.kind == "remote":
-            ref = reference[(a.length, a.repeat)]
+        if a.kind.startswith("remote"):
+            ref = reference[(a.length, a.repeat, a.kind)]
             exact.append(a.tokens == ref.tokens and max(abs(x - y) for x, y in zip(a.logprobs, ref.logprobs)) <= 1e-3)
     print(f"model: llama, {MODEL.num_layers} layers, {KV_BYTES_PER_TOKEN // 1024} KiB of KV per token; "
           f"chunk {CHUNK}; medians over {args.repeats} repeat(s)")
@@ -407,7 +428,7 @@ def main() -> int:
     med = lambda xs: statistics.median(xs)  # noqa: E731
     summary = {}
     for n in lengths:
-        for kind in ("cold", "vllm", "remote"):
+        for kind in ("cold", "vllm", "remote", "vllm-idle", "remote-idle"):
             rows = [a for a in arrivals if a.length == n and a.kind == kind]
             cell = {k: med([getattr(a, k) for a in rows]) for k in
                     ("ttft_s", "cached_tokens", "max_gap_ms", "p99_gap_ms", "median_gap_ms")}
@@ -425,6 +446,15 @@ def main() -> int:
         rate = fetched / fetch_s if fetch_s > 0 else float("inf")
         print(f"| {n} | {remote['max_gap_ms'] / vhit['max_gap_ms']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} | "
               f"{rate / beside_gbs:.2f} |")
+    print()
+    print("Nothing decoding (the fetch where the CPU is not shared with the model's compute):")
+    print("| prompt tokens | TTFT vLLM hit / remote hit s | fetch GB/s | / plain client, idle (goal >= 0.7) |")
+    print("|---|---|---|---|")
+    for n in lengths:
+        remote, vhit = summary[(n, "remote-idle")], summary[(n, "vllm-idle")]
+        fetch_s = remote["ttft_s"] - vhit["ttft_s"]
+        rate = remote["cached_tokens"] * KV_BYTES_PER_TOKEN / 1e9 / fetch_s if fetch_s > 0 else float("inf")
+        print(f"| {n} | {vhit['ttft_s']:.2f} / {remote['ttft_s']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} |")
     print(f"plain client reading {pool_bytes / 1e6:.0f} MB, one value at a time: "
           + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in rates.items()) + " idle; "
           + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in beside.items()) + " beside a decode"

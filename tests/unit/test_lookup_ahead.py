@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("vllm", reason="driven through vLLM's real request types")
 
-from lmcache_ascend.integration.vllm.lookup_ahead import LookupAhead
+from lmcache_ascend.integration.vllm.lookup_ahead import IDLE_WAIT_S, WAIT_IN_STEP_S, LookupAhead
 from lmcache_ascend.integration.vllm.scheduler import SchedulerHalf
 from lmcache_ascend.integration.vllm.vllm_keys import request_view
 
@@ -187,6 +187,60 @@ def test_a_lookup_that_raises_is_a_miss_counted_as_a_failure(ahead):
     drain(ahead)
     assert ask(eng, "r") == (0, False)
     assert eng.half.take_stats()["lookup_failures"] == 1
+
+
+class RecordingAhead(LookupAhead):
+    """The lookup thread, recording how long the half waited on each
+    lookup's result inside a step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list = []
+
+    def submit(self, job):
+        fut = super().submit(job)
+        real, waits = fut.result, self.waits
+
+        def result(timeout=None):
+            waits.append(timeout)
+            return real(timeout)
+
+        fut.result = result
+        return fut
+
+
+def test_a_long_wait_once_per_step_only_while_nothing_computes():
+    """An engine that computes nothing waits longer inside a step for a
+    lookup (it spins through fewer empty steps, which take the GIL and a core
+    from the lookup's reads); with any request computing, the short wait."""
+    ahead = RecordingAhead()
+    try:
+        eng, ref, gated = engines(ahead)
+        toks = {rid: prompt(1000, seed=i) for i, rid in enumerate("abc")}
+        for rid, t in toks.items():
+            eng.cache.put(t, 0, 768)
+            ref.cache.put(t, 0, 768)
+            eng.add(rid, t)
+            ref.add(rid, t)
+        # No step yet: nothing runs. One long wait in the step, then short ones.
+        assert ask(eng, "a") == (None, False)
+        assert ask(eng, "b") == (None, False)
+        assert ahead.waits == [IDLE_WAIT_S, WAIT_IN_STEP_S]
+        eng.step({})  # a step that computed nothing
+        assert ask(eng, "a") == (None, False)
+        assert ahead.waits[-1] == IDLE_WAIT_S
+        eng.step({"c": 256})  # another request computes (a prefill, a decode)
+        assert ask(eng, "a") == (None, False)
+        assert ahead.waits[-1] == WAIT_IN_STEP_S
+        gated.gate.set()
+        drain(ahead)
+        eng.step({})
+        before = len(ahead.waits)
+        expect = ref.half.get_num_new_matched_tokens(request_view(ref.reqs["a"]), 0)
+        assert ask(eng, "a") == expect == (768, False)
+        assert ahead.waits[before:] == [0]  # a finished lookup is taken without waiting
+    finally:
+        ahead.close()
 
 
 def test_close_stops_the_thread_before_the_lookup_client():

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from lmcache_ascend.integration.vllm.lookup_ahead import WAIT_IN_STEP_S, LookupAhead
+from lmcache_ascend.integration.vllm.lookup_ahead import LookupAhead, StepWaits
 from lmcache_ascend.integration.vllm.seams import LookupFn, OwnedLookup
 from lmcache_ascend.integration.vllm.stats import SchedulerCounters
 from lmcache_ascend.integration.vllm.transfer_meta import (
@@ -185,6 +185,7 @@ class SchedulerHalf:
         # Probe ids are drawn on the lookup thread too: next() on a count is atomic.
         self._probe_ids = itertools.count(1)
         self._ahead = ahead
+        self._waits = StepWaits()
         # Lookups of requests that went away while their lookup ran: their
         # pins are dropped once it ends (request id, lookup).
         self._orphans: list[tuple[str, "Future[_Found]"]] = []
@@ -303,7 +304,7 @@ class SchedulerHalf:
 
     def _found_ahead(self, rec: _Request, num_computed: int, limit: int) -> Optional[_Found]:
         """The request's lookup result if its lookup (submitted on its first
-        call) has ended, else None. Waits ``WAIT_IN_STEP_S`` at most."""
+        call) has ended, else None. Waits ``StepWaits.take()`` at most."""
         assert self._ahead is not None
         if rec.pending is None:
             self._release_lookup(rec)
@@ -311,7 +312,7 @@ class SchedulerHalf:
             rec.pending = self._ahead.submit(
                 lambda: self._find(view.req_id, view.token_ids, num_computed, limit))
         try:
-            found = rec.pending.result(timeout=WAIT_IN_STEP_S)
+            found = rec.pending.result(timeout=0 if rec.pending.done() else self._waits.take())
         except TimeoutError:
             return None
         except Exception:  # noqa: BLE001 - a lookup that raised is a miss, as a failed one
@@ -464,6 +465,7 @@ class SchedulerHalf:
             )
         for req_id in step.finished_req_ids:
             self._forget(req_id)
+        self._waits.step_built(sum(sched.num_scheduled_tokens for sched in step.scheduled))
         if self._orphans:
             self._drop_orphans()
         unpin, self._unpin = tuple(self._unpin), []

@@ -266,7 +266,7 @@ def build_scheduler_half(vllm_config: VllmConfig, kv_cache_config: KVCacheConfig
 def _lookup_ahead(setup: ConnectorSetup) -> Optional[LookupAhead]:
     """The lookup thread, where ``ascend_async_lookup`` asks for one (auto:
     where a lookup reads a disk or remote store), with one line saying so."""
-    from lmcache_ascend.integration.vllm.lookup_ahead import WAIT_IN_STEP_S, LookupAhead
+    from lmcache_ascend.integration.vllm.lookup_ahead import IDLE_WAIT_S, WAIT_IN_STEP_S, LookupAhead
 
     cfg = setup.lmcache_config
     mode = setup.ascend_config.async_lookup
@@ -277,9 +277,9 @@ def _lookup_ahead(setup: ConnectorSetup) -> Optional[LookupAhead]:
         return None
     logger.info(
         "lmcache-ascend: lookups run beside vLLM's step (ascend_async_lookup=%s%s): a request whose lookup "
-        "takes longer than %.0f ms waits for it while the other requests are scheduled, then is admitted "
-        "with the prefix the lookup verified",
-        mode, f", {' and '.join(stores)} set" if mode == "auto" else "", WAIT_IN_STEP_S * 1e3)
+        "takes longer than %.0f ms (%.0f ms while nothing else runs) waits for it while the other requests "
+        "are scheduled, then is admitted with the prefix the lookup verified",
+        mode, f", {' and '.join(stores)} set" if mode == "auto" else "", WAIT_IN_STEP_S * 1e3, IDLE_WAIT_S * 1e3)
     return LookupAhead()
 
 
