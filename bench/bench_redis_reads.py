@@ -20,9 +20,7 @@ Three engines on one real redis-server on 127.0.0.1 (started
 and stopped here), no LMCache CPU cache: one hit of ``--chunks`` chunks,
 staged end to end (contains, read, checksum, hold) and released, and the
 reads alone (the backend's read of every chunk, no check). One untimed round
-first: the engines' LMCache buffers are touched once, as on a server that
-has run a while (a fresh process's first touch of its buffer pages is a
-cost of its own on a VM: docs/benchmarks.md). Rounds alternate the order;
+first (connections opened, every code path run once). Rounds alternate the order;
 prints medians in GB/s and the ratios to the fastest plain client.
 
     python bench/bench_redis_reads.py [--chunks 64] [--chunk-mib 2] [--repeat 5]
@@ -161,7 +159,7 @@ def main() -> int:
             remote = writer.engine.storage_manager.storage_backends[REMOTE]
             cases["contains alone (LMCache's, per key)"] = lambda: remote.batched_contains(keys)
             cases.update({f"plain client ({name})": fn for name, fn in plain.items()})
-            for fn in cases.values():  # untimed: every engine's buffer pages touched once
+            for fn in cases.values():  # untimed: connections opened, every path run once
                 fn()
             assert isinstance(engines["sync"].staging._readers.get(REMOTE), redis_reads.SyncRedisReader)
             assert engines["lmcache"].staging._readers.get(REMOTE) is None

@@ -235,7 +235,11 @@ class RedisPool:
         """GB/s of redis-py GETs, one at a time, of every value in the pool,
         per reply parser redis-py has here (its pure-Python one, and
         hiredis's C parser where the ``hiredis`` package is installed: about
-        7x faster on 2 MiB values), and the bytes read."""
+        7x faster on 2 MiB values), and the bytes read. The fastest parser
+        reads the pool three times and its best pass counts: one pass swung
+        from 0.6 to 2.7 GB/s between runs here (a server just stopped
+        beside it still returning its memory), and the goal is measured
+        against what the plain client can do."""
         import redis
         from redis.connection import _RESP2Parser
 
@@ -251,11 +255,13 @@ class RedisPool:
         for name, parser in parsers.items():
             client = redis.Redis.from_url(self._server.url, parser_class=parser)
             keys = _value_keys(client)
-            t0 = time.perf_counter()
-            total = sum(len(client.get(k) or b"") for k in keys)
-            took = time.perf_counter() - t0
+            best = 0.0
+            for _ in range(3 if name == list(parsers)[-1] else 1):
+                t0 = time.perf_counter()
+                total = sum(len(client.get(k) or b"") for k in keys)
+                best = max(best, total / (time.perf_counter() - t0) / 1e9)
             client.close()
-            rates[name] = total / took / 1e9
+            rates[name] = best
         return rates, total
 
 
@@ -455,7 +461,7 @@ def main() -> int:
         fetch_s = remote["ttft_s"] - vhit["ttft_s"]
         rate = remote["cached_tokens"] * KV_BYTES_PER_TOKEN / 1e9 / fetch_s if fetch_s > 0 else float("inf")
         print(f"| {n} | {vhit['ttft_s']:.2f} / {remote['ttft_s']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} |")
-    print(f"plain client reading {pool_bytes / 1e6:.0f} MB, one value at a time: "
+    print(f"plain client reading {pool_bytes / 1e6:.0f} MB, one value at a time (the fastest parser: best of 3 passes): "
           + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in rates.items()) + " idle; "
           + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in beside.items()) + " beside a decode"
           + ("" if args.scheme == "mooncake" or "hiredis" in rates else
