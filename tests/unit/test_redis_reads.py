@@ -123,21 +123,44 @@ def _damage(client, name: bytes, how: str) -> None:
         client.set(name + b"kv_bytes", client.get(name + b"kv_bytes") + b"\0")
     elif how == "metadata undecodable":
         client.set(name + b"metadata", b"\x07")
+    elif how == "value of another type":  # GET answers -WRONGTYPE
+        client.delete(name + b"kv_bytes")
+        client.command("RPUSH", name + b"kv_bytes", b"x")
     else:
         raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["value deleted", "value one byte short", "value one byte long", "metadata undecodable"])
-def test_a_damaged_entry_is_a_miss_in_its_place_as_lmcaches_reader_makes_it(server, how):
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "redis-py-get"])
+@pytest.mark.parametrize("how", ["value deleted", "value one byte short", "value one byte long", "metadata undecodable",
+                                 "value of another type"])
+def test_a_damaged_entry_is_a_miss_in_its_place_as_lmcaches_reader_makes_it(server, how, direct):
     model = _stored(server)
     reader = _engine(server.url, model, PatternKV(CHUNK_BYTES))
     try:
         backend = reader.engine.storage_manager.storage_backends[REMOTE]
         sync = redis_reads.reader_for(backend)
+        # Plain TCP: values are received straight into LMCache's buffers;
+        # the other way is redis-py's GET (what rediss:// pools use).
+        assert isinstance(sync._direct, redis_reads.DirectGets)
+        if not direct:
+            sync._direct.close()
+            sync._direct = None
+        allocated = []
+        allocate = backend.local_cpu_backend.allocate
+
+        def recorded(*args, **kwargs):
+            obj = allocate(*args, **kwargs)
+            allocated.append(obj)
+            return obj
+
+        backend.local_cpu_backend.allocate = recorded
         keys = _keys(reader)
         name = keys[3].to_string().encode()
         _damage(server.client(), name, how)
         ours = sync.read(keys)
+        del backend.local_cpu_backend.allocate
+        # Every buffer read for the damaged chunk went back to LMCache.
+        assert all(obj.get_ref_count() == 0 for obj in allocated if not any(obj is o for o in ours))
         try:
             assert [o is not None for o in ours] == [True, True, True, False]
             for i in range(3):  # the chunks before it are LMCache's, byte for byte
@@ -150,6 +173,16 @@ def test_a_damaged_entry_is_a_miss_in_its_place_as_lmcaches_reader_makes_it(serv
             _release(ours)
         if how == "value deleted":  # what LMCache's reader does on an evicted value: the metadata goes
             assert server.client().get(name + b"metadata") is None
+        # The same reader reads on after the fault (a connection it had to drop is made again).
+        again = sync.read(keys[:3])
+        try:
+            assert len(again) == 3 and all(o is not None for o in again)
+            for i, obj in enumerate(again):
+                theirs = backend.batched_get_blocking([keys[i]])
+                assert _bytes(obj) == _bytes(theirs[0])
+                _release(theirs)
+        finally:
+            _release(again)
         sync.close()
         # Through the staged lookup: the hit ends before the damaged chunk.
         assert reader.engine.lookup(tokens=TOKENS, lookup_id="b", pin=True) == 3 * CHUNK
