@@ -179,7 +179,8 @@ def hint_scheme(remote_url: str) -> None:
         _HINTED.add("redis")
     logger.info(
         "lmcache-ascend: remote_url %s reads the pool through redis-py; resp:// reads the same "
-        "redis-server through LMCache's native client, a staged hit about 1.2x faster in "
+        "redis-server through LMCache's native client, a staged hit about as fast as the connector's own "
+        "redis:// reads (ascend_redis_sync_reads with hiredis) and 2-3x LMCache's redis-py reads in "
         "docs/benchmarks.md (every instance sharing the pool must use the same scheme: their keys differ)",
         redact_url(remote_url),
     )
