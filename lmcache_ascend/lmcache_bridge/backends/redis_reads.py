@@ -10,8 +10,9 @@ threads, beside vLLM's step, so it reads the entries there itself,
 synchronously: one MGET for a window's metadata keys, then one GET per value
 into a buffer that LMCache's CPU backend allocates exactly as its connector
 does. On plain TCP each value is received straight into that buffer
-(``DirectGets``); over TLS redis-py parses it and it is copied. Without hiredis the synchronous client is the slower one
-(redis-py's pure-Python parser), so LMCache's reads stay, and the log says so.
+(``DirectGets``); over TLS redis-py parses it and it is copied. Without
+hiredis the synchronous client is the slower one (redis-py's pure-Python
+parser), so LMCache's reads stay, and the log says so.
 
 The entries are LMCache's (``RedisConnector._get``'s format, LMCache 0.5.6 and
 0.5.7rc2): ``RemoteMetadata`` under ``<key>metadata``, the chunk's first
