@@ -118,8 +118,9 @@ class DirectGets:
         self._idle.put(self._take())
 
     def get_into(self, key: str, dest: memoryview) -> Optional[int]:
-        """The value's length, its first ``min(length, len(dest))`` bytes
-        written to ``dest``, or None where the key holds nothing."""
+        """The value's length, its bytes written to ``dest`` where they fit
+        (else nothing is read and the connection goes), or None where the
+        key holds nothing."""
         conn = self._take()
         try:
             sock = conn._sock
@@ -287,38 +288,34 @@ class SyncRedisReader:
         try:
             view = obj.byte_array
             view = view.cast("B") if isinstance(view, memoryview) and view.format != "B" else memoryview(view)
-            if self._direct is not None:
-                return self._read_direct(name, obj, view, meta.length)
-            value = self._client.get(name + "kv_bytes")
-            if value is None:
+            n = self._value_into(name + "kv_bytes", view[: meta.length])
+            if n is None:
                 # LMCache's reader reads this as an eviction and deletes the
                 # metadata, so no later lookup counts the chunk as present.
                 self._client.delete(name + "metadata")
                 obj.ref_count_down()
                 return None
-            if len(value) != meta.length or meta.length > len(view):
-                logger.debug("lmcache-ascend: %s holds %d bytes, its metadata says %d", name, len(value), meta.length)
+            if n != meta.length or meta.length > len(view):
+                logger.debug("lmcache-ascend: %s holds %d bytes, its metadata says %d (buffer %d)", name, n,
+                             meta.length, len(view))
                 obj.ref_count_down()
                 return None
-            view[: meta.length] = value
             return obj
         except BaseException:
             obj.ref_count_down()
             raise
 
-    def _read_direct(self, name: str, obj: Any, view: memoryview, length: int) -> Optional[Any]:
-        assert self._direct is not None
-        n = self._direct.get_into(name + "kv_bytes", view[:length]) if length <= len(view) else length + 1
-        if n is None:  # evicted: as above
-            self._client.delete(name + "metadata")
-            obj.ref_count_down()
+    def _value_into(self, key: str, dest: memoryview) -> Optional[int]:
+        """The value's length, its bytes written to ``dest`` where they fit;
+        None where the key holds nothing."""
+        if self._direct is not None:
+            return self._direct.get_into(key, dest)
+        value = self._client.get(key)
+        if value is None:
             return None
-        if n != length:
-            logger.debug("lmcache-ascend: %s holds %d bytes, its metadata says %d (buffer %d)", name, n, length,
-                         len(view))
-            obj.ref_count_down()
-            return None
-        return obj
+        if len(value) <= len(dest):
+            dest[: len(value)] = value
+        return len(value)
 
     def close(self) -> None:
         if self._direct is not None:
