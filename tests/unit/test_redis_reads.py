@@ -192,6 +192,80 @@ def test_a_damaged_entry_is_a_miss_in_its_place_as_lmcaches_reader_makes_it(serv
         reader.close()
 
 
+def _clients(server) -> str:
+    listing = server.client().command("CLIENT", "LIST")
+    return listing.decode() if isinstance(listing, bytes) else listing
+
+
+def test_values_are_read_ahead_on_one_connection_dropped_when_a_read_stops_early(server, monkeypatch):
+    """Direct reads keep ``DEPTH`` GETs in flight on one connection; a read
+    that ends clean gives it back (the next read reuses it), a read that
+    stops with a GET in flight closes it, so no stale reply ever answers a
+    later GET. Reference: LMCache's own reader of the same entries."""
+    model = _stored(server)
+    reader = _engine(server.url, model, PatternKV(CHUNK_BYTES))
+    try:
+        backend = reader.engine.storage_manager.storage_backends[REMOTE]
+        sync = redis_reads.reader_for(backend)
+        direct = sync._direct
+        assert isinstance(direct, redis_reads.DirectGets) and direct.DEPTH == 2
+        keys = _keys(reader)
+        in_flight = []
+        receive = redis_reads.Replies.receive_into
+
+        def recorded(self, dest):
+            in_flight.append(self.sent - self._received)
+            return receive(self, dest)
+
+        monkeypatch.setattr(redis_reads.Replies, "receive_into", recorded)
+        taken = []  # each read's connection
+        take = redis_reads.DirectGets._take
+
+        def took(self):
+            taken.append(take(self))
+            return taken[-1]
+
+        monkeypatch.setattr(redis_reads.DirectGets, "_take", took)
+
+        def addr(conn) -> str:
+            host, port = conn._sock.getsockname()[:2]
+            return f"addr={host}:{port} "
+
+        def check(objs, first):
+            try:
+                for i, obj in enumerate(objs):
+                    theirs = backend.batched_get_blocking([keys[first + i]])
+                    assert _bytes(obj) == _bytes(theirs[0]), first + i
+                    _release(theirs)
+            finally:
+                _release(objs)
+
+        for _ in range(2):
+            in_flight.clear()
+            objs = sync.read(keys)
+            assert len(objs) == N_CHUNKS and all(o is not None for o in objs)
+            check(objs, 0)
+            # Two in flight while each value but the last is received.
+            assert in_flight == [2] * (N_CHUNKS - 1) + [1]
+            assert direct._idle.qsize() == 1 and addr(taken[-1]) in _clients(server)
+        assert taken[0] is taken[1]  # the second read reused the first one's connection
+        gone = addr(taken[-1])
+        _damage(server.client(), keys[2].to_string().encode(), "value deleted")
+        objs = sync.read(keys)
+        assert [o is not None for o in objs] == [True, True, False]
+        _release(objs)
+        assert direct._idle.qsize() == 0  # the GET of keys[3] was in flight: the connection went
+        deadline = time.monotonic() + 10
+        while gone in _clients(server) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert gone not in _clients(server)
+        check(sync.read(keys[3:]), 3)  # a new connection, each value its own
+        assert taken[-1] is not taken[0] and direct._idle.qsize() == 1
+        sync.close()
+    finally:
+        reader.close()
+
+
 def test_a_server_gone_is_a_miss_not_an_error(tmp_path):
     if ensure_redis_server() is None:
         pytest.skip("redis-server is not installed and could not be installed")
@@ -285,17 +359,17 @@ def test_a_reader_defect_costs_nothing_but_its_speed(server, monkeypatch, caplog
 
     taken = []  # what the reader read before its defect
 
-    def broken(self, name, raw, metadata):
-        calls.append(name)
+    def broken(self, meta):
+        calls.append(meta)
         if len(calls) == 3:
             raise RuntimeError("a defect")
-        obj = real(self, name, raw, metadata)
+        obj, view = real(self, meta)
         taken.append(obj)
-        return obj
+        return obj, view
 
-    real = redis_reads.SyncRedisReader._one
-    monkeypatch.setattr(redis_reads.SyncRedisReader, "_one", broken)
+    real = redis_reads.SyncRedisReader._allocate
     try:
+        monkeypatch.setattr(redis_reads.SyncRedisReader, "_allocate", broken)
         with caplog.at_level("ERROR"):
             assert reader.engine.lookup(tokens=TOKENS, lookup_id="e", pin=True) == len(TOKENS)
         assert len(calls) == 3  # the sync reader ran, failed, and LMCache's read the rest
