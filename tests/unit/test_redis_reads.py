@@ -384,3 +384,72 @@ def test_a_reader_defect_costs_nothing_but_its_speed(server, monkeypatch, caplog
         assert len(taken) == 2 and all(obj.get_ref_count() == 0 for obj in taken)
     finally:
         reader.close()
+
+
+class _Conn:
+    """A connection's socket end, as Replies uses redis-py's connection."""
+
+    def __init__(self, sock) -> None:
+        self._sock = sock
+        self.closed = False
+
+    def pack_command(self, *args):
+        return [b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a.encode()) for a in args)]
+
+    def disconnect(self) -> None:
+        self.closed = True
+        self._sock.close()
+
+
+def test_replies_are_parsed_however_the_bytes_arrive():
+    """The reply framing on a real socket pair, the server's bytes written
+    in pieces (a header cut in two, a nil reply followed by a value in one
+    write): every value lands whole in its buffer, nothing of the next reply
+    is consumed with a nil one, and a broken reply is an error."""
+    import socket
+    import threading
+
+    a, b = socket.socketpair()
+    value = bytes(range(256)) * 40
+    pieces = [b"$1", b"0240\r\n" + value[:1000], value[1000:] + b"\r\n$-1\r\n$3\r\nxyz\r\n", b"_\r\n"]
+
+    def serve():
+        for piece in pieces:
+            time.sleep(0.05)
+            b.sendall(piece)
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        owner = redis_reads.DirectGets.__new__(redis_reads.DirectGets)
+        import queue as queue_module
+
+        owner._idle = queue_module.SimpleQueue()
+        conn = _Conn(a)
+        with redis_reads.Replies(owner, conn) as replies:
+            for _ in range(4):
+                replies.send("k")
+            first = bytearray(len(value) + 7)
+            assert replies.receive_into(memoryview(first)) == len(value)
+            assert bytes(first[: len(value)]) == value and first[len(value):] == bytes(7)
+            assert replies.receive_into(memoryview(bytearray(8))) is None
+            third = bytearray(3)
+            assert replies.receive_into(memoryview(third)) == 3 and third == b"xyz"
+            assert replies.receive_into(memoryview(bytearray(8))) is None  # RESP3 nil
+        assert not conn.closed and owner._idle.get_nowait() is conn  # every reply read: kept
+    finally:
+        server.join()
+        a.close()
+        b.close()
+    for broken, error in [(b"x" * 600, "too long"), (b"$12\r\nshort", "closed"), (b"-ERR no\r\n", "reply to GET"),
+                          (b"$4", "closed")]:
+        a, b = socket.socketpair()
+        b.sendall(broken)
+        b.shutdown(socket.SHUT_WR)
+        conn = _Conn(a)
+        with pytest.raises(ConnectionError, match=error):
+            with redis_reads.Replies(owner, conn) as replies:
+                replies.send("k")
+                replies.receive_into(memoryview(bytearray(16)))
+        assert conn.closed  # a broken reply never leaves its connection in use
+        b.close()
