@@ -211,6 +211,8 @@ def _peek_line(sock: socket.socket) -> tuple[bytes, int]:
 
 
 def _line(sock: socket.socket) -> bytes:
+    """One reply line without its CRLF, a byte at a time: nothing after it
+    is read."""
     out = bytearray()
     while not out.endswith(b"\r\n"):
         if len(out) > 512:
