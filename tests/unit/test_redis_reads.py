@@ -8,6 +8,8 @@ damaged entry a miss in its place, as LMCache's reader makes it."""
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 import uuid
 
@@ -406,9 +408,6 @@ def test_replies_are_parsed_however_the_bytes_arrive():
     in pieces (a header cut in two, a nil reply followed by a value in one
     write): every value lands whole in its buffer, nothing of the next reply
     is consumed with a nil one, and a broken reply is an error."""
-    import socket
-    import threading
-
     a, b = socket.socketpair()
     value = bytes(range(256)) * 40
     pieces = [b"$1", b"0240\r\n" + value[:1000], value[1000:] + b"\r\n$-1\r\n$3\r\nxyz\r\n", b"_\r\n"]
@@ -421,10 +420,7 @@ def test_replies_are_parsed_however_the_bytes_arrive():
     server = threading.Thread(target=serve)
     server.start()
     try:
-        owner = redis_reads.DirectGets.__new__(redis_reads.DirectGets)
-        import queue as queue_module
-
-        owner._idle = queue_module.SimpleQueue()
+        owner = redis_reads.DirectGets(None, 1.0)  # no pool: the connections are made here
         conn = _Conn(a)
         with redis_reads.Replies(owner, conn) as replies:
             for _ in range(4):

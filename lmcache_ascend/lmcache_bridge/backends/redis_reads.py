@@ -328,8 +328,8 @@ class SyncRedisReader:
                     out.append(obj)
                     if obj is None:
                         break
-            if len(out) == len(metas) < len(names) and (not out or out[-1] is not None):
-                out.append(None)  # the first chunk without usable metadata
+            if len(out) < len(names) and (not out or out[-1] is not None):
+                out.append(None)  # every value read, then a chunk without usable metadata
         except BaseException as e:
             if not isinstance(e, self._errors):
                 for obj in out:  # nothing read stays referenced when the caller falls back
