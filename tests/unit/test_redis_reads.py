@@ -438,7 +438,7 @@ def test_replies_are_parsed_however_the_bytes_arrive():
         a.close()
         b.close()
     for broken, error in [(b"x" * 600, "too long"), (b"$12\r\nshort", "closed"), (b"-ERR no\r\n", "reply to GET"),
-                          (b"$4", "closed")]:
+                          (b"$4", "closed"), (b"$-5\r\n" + b"y" * 20, "bad length"), (b"$1x\r\n", "bad length")]:
         a, b = socket.socketpair()
         b.sendall(broken)
         b.shutdown(socket.SHUT_WR)
