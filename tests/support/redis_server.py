@@ -22,6 +22,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 from pathlib import Path
 from dataclasses import dataclass
@@ -41,17 +42,19 @@ def ensure_redis_server() -> Optional[str]:
     path = shutil.which("redis-server")
     if path:
         return path
-    apt = shutil.which("apt-get")
-    if apt is None or os.geteuid() != 0:
+    if shutil.which("apt-get") is None or os.geteuid() != 0:
         return None
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    # The project's installer waits for apt's locks (held for the first
+    # minutes of a fresh machine by unattended upgrades) instead of failing.
+    script = Path(__file__).resolve().parents[2] / "scripts" / "apt_install.sh"
     try:
-        subprocess.run([apt, "update"], check=True, env=env, timeout=300,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        subprocess.run([apt, "install", "-y", "--no-install-recommends", "redis-server"],
-                       check=True, env=env, timeout=600,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except (subprocess.SubprocessError, OSError):
+        subprocess.run(["bash", str(script), "redis-server"], check=True, timeout=900,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    except subprocess.CalledProcessError as exc:
+        print(f"installing redis-server failed: {exc.stderr.decode(errors='replace')[-2000:]}", file=sys.stderr)
+        return None
+    except (subprocess.SubprocessError, OSError) as exc:
+        print(f"installing redis-server failed: {exc}", file=sys.stderr)
         return None
     return shutil.which("redis-server")
 
