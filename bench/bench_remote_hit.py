@@ -41,10 +41,13 @@ than a decode step on this kind of machine.
 Goals (issue 36), printed as ratios measured here: largest decode gap
 during a remote hit <= 1.2x the gap during a vLLM hit; remote TTFT <= the
 fetch time plus one step; fetch rate >= 0.7x the plain client's. The fetch
-rate is printed twice, like with like: the remote hit beside a decode
-against the plain client beside a decode (and idle), and the remote hit with
-nothing decoding (its TTFT minus the idle vLLM hit's) against the idle plain
-client. On vLLM-CPU the decode's threads take the cores the reads need.
+rate (the remote hit's KV bytes over its TTFT minus the vLLM hit's) is
+printed beside a decode and with nothing decoding, each against the plain
+client reading as many bytes right after it under the same conditions (the
+goal, like with like: the median of the per-repeat ratios, with their
+range), and against the plain client's best pass once the reader has
+stopped (a quieter machine than any hit had). On vLLM-CPU the decode's
+threads take the cores the reads need.
 
 The pool (``--scheme``): Redis through LMCache's redis:// connector
 (the default; the staged lookups read its entries on redis-py's synchronous
@@ -53,7 +56,7 @@ its resp:// one (its native client), or Mooncake (a master and a segment
 holder on 127.0.0.1, TCP).
 
 Usage:
-  python bench/bench_remote_hit.py [--lengths 4096,8192,12288] [--repeats 2]
+  python bench/bench_remote_hit.py [--lengths 4096,8192,12288] [--repeats 3]
       [--scheme redis|resp|mooncake] [--lmcache-reads] [--json out.json] [--workdir DIR]
 """
 
@@ -70,7 +73,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "support")]
@@ -145,6 +148,10 @@ class Arrival:
     median_gap_ms: float  # of the decoder before the arrival: its steady pace
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    # The plain client's GB/s reading as many bytes right after this
+    # arrival, under the same conditions (beside the same decode, or with
+    # nothing decoding): remote kinds only, else nan.
+    plain_gbs: float = float("nan")
 
 
 def p99(xs: list[float]) -> float:
@@ -152,13 +159,18 @@ def p99(xs: list[float]) -> float:
     return xs[min(len(xs) - 1, int(0.99 * len(xs)))] if xs else float("nan")
 
 
-def arrive(port: int, model: str, kind: str, prompt: list[int], length: int, repeat: int) -> Arrival:
+def arrive(port: int, model: str, kind: str, prompt: list[int], length: int, repeat: int,
+           plain: Optional[Callable[[int], float]] = None) -> Arrival:
+    """One request of ``kind``; with ``plain``, the plain client then reads
+    as many bytes as it hit (``plain(nbytes)`` -> GB/s) before anything
+    changes: beside the same decode, or with nothing decoding."""
+    nan = float("nan")
     if kind.endswith("-idle"):  # nothing decodes: no gaps to report
         time.sleep(0.5)
         reply = complete(port, model, prompt, max_tokens=4, timeout=REQUEST_TIMEOUT_S)
-        nan = float("nan")
+        rate = plain(reply.cached_tokens * KV_BYTES_PER_TOKEN) if plain else nan
         return Arrival(kind, length, repeat, reply.ttft, reply.cached_tokens, nan, nan, nan, reply.tokens,
-                       reply.logprobs)
+                       reply.logprobs, rate)
     dec = Decoder(port, model, seed=90_000 + 7 * length + 100 * repeat + len(kind))
     try:
         dec.wait_steady()
@@ -168,11 +180,12 @@ def arrive(port: int, model: str, kind: str, prompt: list[int], length: int, rep
         reply = complete(port, model, prompt, max_tokens=4, timeout=REQUEST_TIMEOUT_S)
         t1 = t0 + reply.ttft
         time.sleep(0.3)  # the decoder's gap that ends after the first token
-        during = dec.gaps(t0, t1) or [float("nan")]
+        during = dec.gaps(t0, t1) or [nan]
+        rate = plain(reply.cached_tokens * KV_BYTES_PER_TOKEN) if plain else nan
     finally:
         dec.stop()
     return Arrival(kind, length, repeat, reply.ttft, reply.cached_tokens, max(during) * 1e3, p99(during) * 1e3,
-                   statistics.median(before[-50:]) * 1e3, reply.tokens, reply.logprobs)
+                   statistics.median(before[-50:]) * 1e3, reply.tokens, reply.logprobs, rate)
 
 
 def _settle(count, quiet_s: float = 3.0, timeout: float = 300.0) -> int:
@@ -207,12 +220,19 @@ class RedisPool:
         self._server = RedisServer(work / "redis")
         self._scheme = scheme
         self._lmcache_reads = lmcache_reads
+        # The paired plain client (paired_rate): its connection, the values
+        # it reads, and the next one.
+        self._plain_client = None
+        self._plain_keys: list[bytes] = []
+        self._plain_next = 0
 
     def __enter__(self) -> "RedisPool":
         self._server.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
+        if self._plain_client is not None:
+            self._plain_client.close()
         self._server.__exit__(*exc)
 
     def env(self) -> dict[str, str]:
@@ -230,6 +250,31 @@ class RedisPool:
             return _settle(lambda: len(_value_keys(client)))
         finally:
             client.close()
+
+    def paired_rate(self, nbytes: int) -> float:
+        """GB/s of one pass of the fastest plain client (redis-py GETs, one
+        at a time, hiredis's parser where installed) over about ``nbytes``
+        of the pool's values, now. Run right after each remote hit, it reads
+        as many bytes from the same server under the same conditions (beside
+        the same decode, or the server idle with its worker's loop still
+        spinning from the request), so the two rates are paired like with
+        like. Each pass reads the next values in turn, as each hit reads
+        another prompt's."""
+        import redis
+
+        if self._plain_client is None:
+            try:
+                import hiredis  # noqa: F401
+                from redis.connection import _HiredisParser as parser
+            except ImportError:
+                from redis.connection import _RESP2Parser as parser
+            self._plain_client = redis.Redis.from_url(self._server.url, parser_class=parser)
+            self._plain_keys = _value_keys(self._plain_client)
+        total, t0 = 0, time.perf_counter()
+        while total < nbytes:
+            total += len(self._plain_client.get(self._plain_keys[self._plain_next % len(self._plain_keys)]) or b"")
+            self._plain_next += 1
+        return total / (time.perf_counter() - t0) / 1e9
 
     def plain_rates(self) -> tuple[dict[str, float], int]:
         """GB/s of redis-py GETs, one at a time, of every value in the pool,
@@ -301,6 +346,12 @@ class MooncakePool:
     def settle(self) -> int:
         return _settle(self._key_count)
 
+    def paired_rate(self, nbytes: int) -> float:
+        """Not measured for Mooncake (nan): it lists no keys, so its plain
+        client reads values it put itself (``plain_rates``), and putting
+        them while the reader runs would change the pool under it."""
+        return float("nan")
+
     def plain_rates(self) -> tuple[dict[str, float], int]:
         """GB/s of a plain Mooncake client (``MooncakeDistributedStore``,
         one value at a time) reading values of the pool's value size (up to
@@ -341,6 +392,28 @@ class MooncakePool:
         return {"mooncake get_buffer": total / took / 1e9, "mooncake get_into": total / took_into / 1e9}, total
 
 
+def paired_ratios(arrivals: list[Arrival], length: int, kind: str, control: str) -> list[float]:
+    """Per repeat: the fetch rate of the ``kind`` remote hit (its KV bytes
+    over its TTFT minus the same repeat's ``control`` vLLM hit's) over the
+    plain client's rate right after it."""
+    out = []
+    for a in arrivals:
+        if a.length == length and a.kind == kind:
+            vhit = next(b for b in arrivals if b.length == length and b.repeat == a.repeat and b.kind == control)
+            fetch_s = a.ttft_s - vhit.ttft_s
+            rate = a.cached_tokens * KV_BYTES_PER_TOKEN / 1e9 / fetch_s if fetch_s > 0 else float("inf")
+            out.append(rate / a.plain_gbs)
+    return out
+
+
+def med_range(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} [{min(xs):.2f}-{max(xs):.2f}]" if xs else "-"
+
+
+def plain_passes(arrivals: list[Arrival], length: int, kind: str) -> str:
+    return ", ".join(f"{a.plain_gbs:.2f}" for a in arrivals if a.length == length and a.kind == kind)
+
+
 def remote_prompts_bytes(prompts: dict) -> list[int]:
     """KV bytes of each prompt's whole chunks (what the writer stores)."""
     return [len(p) // CHUNK * CHUNK * KV_BYTES_PER_TOKEN for p in prompts.values()]
@@ -349,7 +422,8 @@ def remote_prompts_bytes(prompts: dict) -> list[int]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="4096,8192,12288", help="prompt tokens, comma-separated")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="arrivals of each kind per length (the goals are medians over them; one is noisy here)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--scheme", choices=("redis", "resp", "mooncake"), default="redis",
                     help="the pool: Redis through LMCache's redis:// (redis-py asyncio) or resp:// (its "
@@ -368,10 +442,13 @@ def main() -> int:
         return 2
     model = str(build_tiny_model(MODEL))
     max_len = max(lengths) + 64
-    # KV for the decoder, the three kinds of prompt per length and repeat
-    # (the vLLM-hit ones stay resident), with room to spare.
-    kv_gib = max(1, -(-(4 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN) // (1 << 30)) + 1)
-    lmcache_gb = max(2.0, 3 * sum(lengths) * args.repeats * KV_BYTES_PER_TOKEN / 1e9)
+    # KV for one repeat's prompts (the cold/vLLM-hit one, both remote ones,
+    # per length) and the decoder, with room to spare: each repeat's
+    # prompts are new, so vLLM's and LMCache's caches evict earlier repeats'
+    # (sized for every repeat at once, two lengths of 32k at three repeats
+    # took more memory than a 24 GB machine has).
+    kv_gib = max(1, -(-(4 * sum(lengths) * KV_BYTES_PER_TOKEN) // (1 << 30)) + 1)
+    lmcache_gb = max(2.0, 3 * sum(lengths) * KV_BYTES_PER_TOKEN / 1e9)
     spec = ServerSpec(model, "ascend", max_len, kv_space_gib=kv_gib, lmcache_cpu_gb=lmcache_gb, chunk_size=CHUNK)
     # (length, repeat, kind): the prompts only the pool holds.
     remote_prompts = {(n, r, kind): token_prompt(n, seed=1000 * r + n + (500 if kind == "remote-idle" else 0))
@@ -403,10 +480,14 @@ def main() -> int:
                         log(f"length {n}, repeat {r}")
                         arrivals.append(arrive(reader.port, model, "cold", other, n, r))
                         arrivals.append(arrive(reader.port, model, "vllm", other, n, r))
-                        arrivals.append(arrive(reader.port, model, "remote", remote_prompts[(n, r, "remote")], n, r))
+                        # After each remote hit the plain client reads as many
+                        # bytes under the same conditions: the pair the goal
+                        # compares, like with like.
+                        arrivals.append(arrive(reader.port, model, "remote", remote_prompts[(n, r, "remote")], n, r,
+                                               pool.paired_rate))
                         arrivals.append(arrive(reader.port, model, "vllm-idle", other, n, r))
                         arrivals.append(arrive(reader.port, model, "remote-idle", remote_prompts[(n, r, "remote-idle")],
-                                               n, r))
+                                               n, r, pool.paired_rate))
                 # Like with like: the plain client also reads while a request
                 # decodes on this machine, as every remote hit above did.
                 dec = Decoder(reader.port, model, seed=77)
@@ -442,25 +523,31 @@ def main() -> int:
             print(f"| {n} | {kind} | {cell['ttft_s']:.2f} | {cell['cached_tokens']:.0f} | {cell['max_gap_ms']:.0f} | "
                   f"{cell['p99_gap_ms']:.0f} | {cell['median_gap_ms']:.0f} |")
     print()
-    print("| prompt tokens | gap remote / vLLM hit (goal <= 1.2) | fetch GB/s | / plain client, idle "
-          "(goal >= 0.7) | / plain client beside a decode |")
-    print("|---|---|---|---|---|")
+    print("| prompt tokens | gap remote / vLLM hit (goal <= 1.2) | fetch GB/s | / plain client's best pass, idle "
+          "| / its best pass beside a decode | / plain client right after, beside the same decode (goal >= 0.7): "
+          "median [range] |")
+    print("|---|---|---|---|---|---|")
     for n in lengths:
         remote, vhit = summary[(n, "remote")], summary[(n, "vllm")]
         fetch_s = remote["ttft_s"] - vhit["ttft_s"]
         fetched = remote["cached_tokens"] * KV_BYTES_PER_TOKEN / 1e9
         rate = fetched / fetch_s if fetch_s > 0 else float("inf")
         print(f"| {n} | {remote['max_gap_ms'] / vhit['max_gap_ms']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} | "
-              f"{rate / beside_gbs:.2f} |")
+              f"{rate / beside_gbs:.2f} | {med_range(paired_ratios(arrivals, n, 'remote', 'vllm'))} |")
     print()
     print("Nothing decoding (the fetch where the CPU is not shared with the model's compute):")
-    print("| prompt tokens | TTFT vLLM hit / remote hit s | fetch GB/s | / plain client, idle (goal >= 0.7) |")
-    print("|---|---|---|---|")
+    print("| prompt tokens | TTFT vLLM hit / remote hit s | fetch GB/s | / plain client's best pass | "
+          "/ plain client at the same moment (goal >= 0.7): median [range] |")
+    print("|---|---|---|---|---|")
     for n in lengths:
         remote, vhit = summary[(n, "remote-idle")], summary[(n, "vllm-idle")]
         fetch_s = remote["ttft_s"] - vhit["ttft_s"]
         rate = remote["cached_tokens"] * KV_BYTES_PER_TOKEN / 1e9 / fetch_s if fetch_s > 0 else float("inf")
-        print(f"| {n} | {vhit['ttft_s']:.2f} / {remote['ttft_s']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} |")
+        print(f"| {n} | {vhit['ttft_s']:.2f} / {remote['ttft_s']:.2f} | {rate:.2f} | {rate / rate_gbs:.2f} | "
+              f"{med_range(paired_ratios(arrivals, n, 'remote-idle', 'vllm-idle'))} |")
+    print("plain client right after each remote hit, GB/s per repeat: "
+          + "; ".join(f"{n}: {plain_passes(arrivals, n, 'remote')} beside the decode, "
+                      f"{plain_passes(arrivals, n, 'remote-idle')} idle" for n in lengths))
     print(f"plain client reading {pool_bytes / 1e6:.0f} MB, one value at a time (the fastest parser: best of 3 passes): "
           + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in rates.items()) + " idle; "
           + ", ".join(f"{rate:.2f} GB/s ({name})" for name, rate in beside.items()) + " beside a decode"
@@ -469,7 +556,8 @@ def main() -> int:
              "(pip install hiredis for the C parser's)"))
     print(f"remote hits equal to the writer's cold outputs: {sum(exact)}/{len(exact)}")
     if args.json:
-        args.json.write_text(json.dumps({"arrivals": [asdict(a) for a in arrivals], "plain_gbs": rates, "plain_beside_decode_gbs": beside, "scheme": args.scheme,
+        args.json.write_text(json.dumps({"arrivals": [asdict(a) for a in arrivals], "plain_gbs": rates, "plain_beside_decode_gbs": beside,
+                                         "scheme": args.scheme,
                                          "exact": exact}, indent=1))
     return 0 if all(exact) else 1
 
