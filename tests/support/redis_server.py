@@ -50,11 +50,9 @@ def ensure_redis_server() -> Optional[str]:
     try:
         subprocess.run(["bash", str(script), "redis-server"], check=True, timeout=900,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    except subprocess.CalledProcessError as exc:
-        print(f"installing redis-server failed: {exc.stderr.decode(errors='replace')[-2000:]}", file=sys.stderr)
-        return None
     except (subprocess.SubprocessError, OSError) as exc:
-        print(f"installing redis-server failed: {exc}", file=sys.stderr)
+        said = (getattr(exc, "stderr", None) or b"").decode(errors="replace")[-2000:]
+        print(f"installing redis-server failed: {said or exc}", file=sys.stderr)
         return None
     return shutil.which("redis-server")
 

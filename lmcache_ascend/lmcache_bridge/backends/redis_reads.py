@@ -176,9 +176,9 @@ class Replies:
         # Redis sends a length >= 0 (nil is matched above); anything else is
         # not a GET reply, and a negative one would fill all but its last
         # bytes of ``dest`` and read the stream out of step.
-        n = int(head[1:]) if head[1:].isdigit() else -1
-        if n < 0:
+        if not head[1:].isdigit():
             raise ConnectionError(f"reply to GET with a bad length: {head[:64]!r}")
+        n = int(head[1:])
         if n > len(dest):
             self._clean = False  # not drained
             return n
