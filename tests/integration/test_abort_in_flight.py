@@ -20,6 +20,10 @@ What must hold:
   Redis: refused at lookup and counted, the hit ends before it, and the
   output equals a hit with the same boundary (tolerance 0).
 
+And when the pool stalls past LMCache's lookup timeout (the scheduler stops
+waiting while the worker's lookup still reads): the request is a miss equal
+to the cold run, and what the late lookup stages is released as it lands.
+
 The lookup is held by the faulty connector (support/faults.py,
 ``LMCA_FAULT_LOOKUP_DELAY``): the second lookup sleeps HOLD_S seconds on the
 lookup thread before it reads Redis, as a large remote fetch would take
@@ -128,6 +132,31 @@ def _damage_after(srv: Server, redis: RedisServer, body: dict, chunk: int) -> Da
     return Damaged(short, hit, counters)
 
 
+def _redis_only_server(tmp_path, redis: RedisServer, model: str, dtype: str, chunk: int,
+                       env_extra: dict[str, str], engine_args: tuple[str, ...] = ()) -> Server:
+    """vLLM's OpenAI server with the connector (its fault-injecting
+    subclass, which injects nothing unless ``env_extra`` names a fault) and
+    Redis as LMCache's only store, lookups beside the step."""
+    env = support_env({
+        **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
+        # Redis only: every hit is read, verified and staged by the lookup.
+        "LMCACHE_REMOTE_URL": redis.url, "LMCACHE_REMOTE_SERDE": "naive", "LMCACHE_LOCAL_CPU": "False",
+        "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5", "LMCACHE_CHUNK_SIZE": str(chunk),
+        "LMCACHE_ASCEND_ASYNC_LOOKUP": "on", **env_extra,
+    })
+    port = free_port()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+           "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--enforce-eager",
+           "--max-model-len", str(max(2048, 4 * chunk)), "--seed", "0", "--shutdown-timeout", "15",
+           "--kv-transfer-config", json.dumps(faulty_transfer_config()), *engine_args]
+    log_path = tmp_path / "server.log"
+    with open(log_path, "w") as lf:
+        proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path),
+                                start_new_session=True)
+    return Server("connector", proc, port, log_path)
+
+
 def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = False, chunk: int = CHUNK,
                         engine_args: tuple[str, ...] = (), damage: bool = False) -> AbortRun:
     """A server with Redis as its only store: the prompt (three chunks and
@@ -141,24 +170,9 @@ def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = Fal
     other = token_prompt(chunk + 40, seed=92)
     body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1}
     with RedisServer(tmp_path) as redis:
-        env = support_env({
-            **os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-            "VLLM_SERVER_DEV_MODE": "1",  # POST /reset_prefix_cache
-            # Redis only: every hit is read, verified and staged by the lookup.
-            "LMCACHE_REMOTE_URL": redis.url, "LMCACHE_REMOTE_SERDE": "naive", "LMCACHE_LOCAL_CPU": "False",
-            "LMCACHE_MAX_LOCAL_CPU_SIZE": "0.5", "LMCACHE_CHUNK_SIZE": str(chunk),
-            "LMCACHE_ASCEND_ASYNC_LOOKUP": "on", "LMCA_FAULT_LOOKUP_DELAY": f"{3 if hit_before else 2}:{HOLD_S}",
-        })
-        port = free_port()
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype, "--enforce-eager",
-               "--max-model-len", str(max(2048, 4 * chunk)), "--seed", "0", "--shutdown-timeout", "15",
-               "--kv-transfer-config", json.dumps(faulty_transfer_config()), *engine_args]
-        log_path = tmp_path / "server.log"
-        with open(log_path, "w") as lf:
-            proc = subprocess.Popen(cmd, stdout=lf, stderr=subprocess.STDOUT, env=env, cwd=str(tmp_path),
-                                    start_new_session=True)
-        srv = Server("connector", proc, port, log_path)
+        srv = _redis_only_server(tmp_path, redis, model, dtype, chunk,
+                                 {"LMCA_FAULT_LOOKUP_DELAY": f"{3 if hit_before else 2}:{HOLD_S}"}, engine_args)
+        proc = srv.proc
         try:
             wait_ready(srv)
             cold = _post(srv, "/v1/completions", body)  # lookup 1: a miss; stored to Redis
@@ -192,6 +206,18 @@ def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = Fal
     return AbortRun(cold, hit, again, before, damaged, chunk, counters, log, proc.returncode)
 
 
+def _story(run: "AbortRun | None" = None, log: str = "", counters: dict | None = None) -> str:
+    """What a failed check needs to be understood without the server's log
+    (a CI run keeps none): each request's summary and lookup, every warning
+    and error of the connector, LMCache and the faults, and the counters."""
+    if run is not None:
+        log, counters = run.log, run.counters
+    keep = ("lmcache-ascend: request", "lookup staged", "lmcache-ascend-faults", "WARNING", "ERROR",
+            "Traceback", "POST /v1/completions", "closing:")
+    lines = [line[-400:] for line in log.splitlines() if any(k in line for k in keep)]
+    return "\n".join(lines[-80:]) + f"\ncounters: {counters}"
+
+
 def _check_nothing_lost_or_held(run: AbortRun, hits_loaded: int) -> None:
     log, counters = run.log, run.counters
     # The request went away while its lookup was held (the fault's own log
@@ -200,9 +226,9 @@ def _check_nothing_lost_or_held(run: AbortRun, hits_loaded: int) -> None:
     # The aborted request was never served (no summary line names a hit for
     # it); the later requests hit the whole stored prefix.
     loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)]
-    assert loaded.count(3 * run.chunk) == hits_loaded, loaded
-    assert counters["abandoned_transfers"] == 1, counters
-    assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, counters
+    assert loaded.count(3 * run.chunk) == hits_loaded, f"loaded {loaded}\n{_story(run)}"
+    assert counters["abandoned_transfers"] == 1, _story(run)
+    assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, _story(run)
     # The two hits after the abort are equal bit for bit (same step boundaries).
     a, b = run.hit["choices"][0], run.again["choices"][0]
     assert a["text"] == b["text"]
@@ -251,10 +277,79 @@ def test_mla_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, tiny_m
     assert d.hit["choices"][0]["text"] == d.short["choices"][0]["text"]
     assert d.hit["choices"][0]["logprobs"]["token_logprobs"] == d.short["choices"][0]["logprobs"]["token_logprobs"]
     loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", run.log)]
-    assert loaded[-2:] == [run.chunk, run.chunk], loaded
+    assert loaded[-2:] == [run.chunk, run.chunk], f"loaded {loaded}\n{_story(run)}"
     refused = [line for line in run.log.splitlines() if "refused at lookup" in line]
-    assert len(refused) == 1 and "checksum" in refused[0], refused
-    assert d.counters["checksum_failures"] == 1 and d.counters.get("load_errors", 0) == 0, d.counters
+    assert len(refused) == 1 and "checksum" in refused[0], _story(run)
+    assert d.counters["checksum_failures"] == 1 and d.counters.get("load_errors", 0) == 0, f"{d.counters}\n{_story(run)}"
+
+
+# The lookup's RPC gives up after this (LMCache's lookup_timeout_ms, set
+# low to keep the test short), while Redis stays paused for PAUSE_MS: the
+# worker's lookup lands PAUSE_MS - LOOKUP_TIMEOUT_MS later, long after the
+# request it read for was computed as a miss and finished.
+LOOKUP_TIMEOUT_MS = 1000
+PAUSE_MS = 5000
+
+
+def test_mla_fetch_that_outlives_its_lookup_timeout_is_a_miss_and_holds_nothing(tmp_path, tiny_model):
+    """A remote store that stalls during a fetch (issue 36: a fault during an
+    asynchronous fetch; Redis's CLIENT PAUSE, as a saturated or failing-over
+    pool would stall): the scheduler stops waiting after LMCache's
+    lookup_timeout_ms and computes the request, which equals the cold run
+    bit for bit (the same prefill of every token). The worker's lookup
+    still reads the whole prefix once Redis answers, after the request has
+    finished: those chunks are released when that lookup lands, and the
+    connector's close finds none held (before, they stayed until the
+    staging's 300 s TTL). Once Redis answers, the prompt hits its whole
+    prefix again and equals the hit from before the stall (tolerance 0).
+    MLA: vLLM-CPU has no prefix caching for it, so each hit is Redis's."""
+    if ensure_redis_server() is None:
+        pytest.skip("redis-server is not installed and could not be installed")
+    model = tiny_model("deepseek_v2")
+    body = {"model": model, "prompt": token_prompt(3 * CHUNK + 20, seed=93), "max_tokens": 6, "temperature": 0,
+            "logprobs": 1}
+    with RedisServer(tmp_path) as redis:
+        srv = _redis_only_server(tmp_path, redis, model, "bfloat16", CHUNK,
+                                 {"LMCACHE_LOOKUP_TIMEOUT_MS": str(LOOKUP_TIMEOUT_MS)})
+        try:
+            wait_ready(srv)
+            cold = _post(srv, "/v1/completions", body)  # stored to Redis
+            before = _post(srv, "/v1/completions", body)  # the reference hit
+            with redis.client() as c:
+                c.command("CLIENT", "PAUSE", str(PAUSE_MS), "ALL")
+            paused_at = time.monotonic()
+            stalled = _post(srv, "/v1/completions", body)
+            served_s = time.monotonic() - paused_at
+            time.sleep(max(0.0, PAUSE_MS / 1000 + 2 - (time.monotonic() - paused_at)))
+            after = _post(srv, "/v1/completions", body)
+            deadline = time.monotonic() + 60  # vLLM aggregates connector stats asynchronously
+            while True:
+                counters = _metrics(srv)
+                if counters.get("lookup_failures") and counters.get("loaded_tokens", 0) >= 6 * CHUNK:
+                    break
+                assert time.monotonic() < deadline, _story(log=srv.log(), counters=counters)
+                time.sleep(2)
+        finally:
+            srv.stop()
+        log = srv.log()
+    story = _story(log=log, counters=counters)
+    # The stalled request did not wait for the stall: it was served while
+    # Redis was still paused (its lookup gave up, and it was computed).
+    assert served_s < PAUSE_MS / 1000, (served_s, story)
+    loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)]
+    assert loaded == [0, 3 * CHUNK, 0, 3 * CHUNK], f"loaded {loaded}\n{story}"
+    assert "LMCache lookup got no answer" in log, story
+    assert counters["lookup_failures"] == 1, story
+    assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, story
+    for got, ref in ((stalled, cold), (after, before)):
+        assert got["choices"][0]["text"] == ref["choices"][0]["text"], story
+        assert got["choices"][0]["logprobs"]["token_logprobs"] == ref["choices"][0]["logprobs"]["token_logprobs"]
+    # The worker's lookup did read the prefix during the stall (it landed
+    # late), and nothing it staged was left held.
+    assert len(re.findall(r"lookup staged 3 chunk\(s\)", log)) == 3, story
+    closes = re.findall(r"lmcache-ascend: closing: (\d+) staged chunk\(s\) still held", log)
+    assert closes == ["0"], story
+    assert srv.proc.returncode == 0, story
 
 
 def test_state_model_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, state_model):

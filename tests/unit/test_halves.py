@@ -84,6 +84,9 @@ class _Engine:
     def unpin(self, req_id):
         self.unpinned.append(req_id)
 
+    def request_ended(self, req_id):
+        self.unpinned.append(req_id)
+
     def store(self, tokens, mask, ctx):
         self.stored = getattr(self, "stored", []) + [(ctx.req_id, int(mask.nonzero()[0]), len(tokens))]
 

@@ -214,6 +214,9 @@ class _ClaimEngine(_Engine):
     def unpin(self, lookup_id):
         self.events.append(f"unpin {lookup_id}")
 
+    def request_ended(self, req_id):
+        self.events.append(f"ended {req_id}")
+
 
 def _step(hit):
     load = LoadSpec(skip_tokens=0, hit_tokens=hit)

@@ -11,6 +11,7 @@ verified even when the store loses everything after the lookup."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -249,3 +250,65 @@ def test_close_says_what_was_still_held(case, caplog):
         (logging.WARNING if case == "staged_left" else logging.INFO, staged),
         (logging.WARNING if case == "reference_left" else logging.INFO, cpu),
     ]
+
+
+def _held_fetches(engine: WorkerEngine) -> tuple[threading.Event, threading.Event]:
+    """Every staging read waits for ``go`` once it has begun (``begun``), as
+    a remote fetch still in flight when its request ends would."""
+    begun, go = threading.Event(), threading.Event()
+    fetch = engine.staging._fetch
+
+    def held(*args, **kwargs):
+        begun.set()
+        assert go.wait(30), "the test never let the fetch go on"
+        return fetch(*args, **kwargs)
+
+    engine.staging._fetch = held
+    return begun, go
+
+
+@pytest.mark.parametrize("lookup_id, ended, released", [
+    ("a", "a", True),  # the request's own lookup: a client gone, or its RPC timed out
+    ("a#state1", "a", True),  # a Mamba state probe of it
+    ("ab", "a", False),  # another request whose id merely starts alike
+    ("a", None, False),  # the request lives on (readmitted after a preemption): unpin, not ended
+])
+def test_a_lookup_that_lands_after_its_request_ended_holds_nothing(disk_engine, lookup_id, ended, released):
+    """The worker's lookup server reads a prefix while its request ends:
+    the scheduler stopped waiting (LMCache's lookup_timeout_ms) or the client
+    left. What that lookup stages is released when it lands, not held until
+    STAGE_TTL_S; a lookup of a request that still lives keeps what it staged
+    for its load. Measured against the chunks the staging holds and what a
+    load can claim."""
+    engine, kv, disk = disk_engine
+    _store_all(engine, disk)
+    begun, go = _held_fetches(engine)
+    result: list[int] = []
+    reader = threading.Thread(target=lambda: result.append(_lookup(engine, lookup_id)))
+    reader.start()
+    try:
+        assert begun.wait(30)
+        if ended is not None:
+            engine.request_ended(ended)
+        else:
+            engine.unpin(lookup_id)  # what the scheduler sends for a lookup it lets go
+    finally:
+        go.set()
+        reader.join(30)
+    assert result == [len(TOKENS)]  # the lookup itself read everything
+    assert engine.take_counts().staged_chunks == 4
+    if released:
+        assert engine.staging.held() == 0
+        assert engine.claim(lookup_id) is None
+    else:
+        assert engine.staging.held() == 4
+        assert _load(engine, lookup_id, kv) == len(TOKENS)
+        assert all(torch.equal(kv.loaded[s], _pattern(s)) for s in range(0, len(TOKENS), CHUNK))
+        assert engine.staging.held() == 0
+    # Nothing is remembered of the ended lookup: the same id staged again
+    # (the bookkeeping of one lookup cannot outlive it) is held for its load.
+    del engine.staging._fetch  # the staging's own reads again
+    assert _lookup(engine, lookup_id) == len(TOKENS)
+    assert engine.staging.held() == 4
+    engine.request_ended(lookup_id.split("#")[0])
+    assert engine.staging.held() == 0

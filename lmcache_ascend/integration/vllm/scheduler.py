@@ -363,6 +363,8 @@ class SchedulerHalf:
         for _ in range(MAX_STATE_PROBES):
             if pos <= num_computed:
                 break
+            # "<request id>#...": the worker releases every lookup id of this
+            # form with the request (staging.REQUEST_ID_SEP, request_ended).
             lookup_id = f"{req_id}#state{next(self._probe_ids)}"
             found = self._lookup(list(token_ids[:pos]) + list(marks), lookup_id)
             if found is None:

@@ -56,6 +56,11 @@ class ChunkStore(Protocol):
 
     def unpin(self, lookup_id: str) -> None: ...
 
+    def request_ended(self, req_id: str) -> None:
+        """No load will come for ``req_id`` (finished, aborted): its pins and
+        staged chunks go, also those of a lookup of it that lands later."""
+        ...
+
 
 class EngineCounters(Protocol):
     """What the engine counts for the worker's stats."""

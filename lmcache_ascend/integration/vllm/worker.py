@@ -524,7 +524,7 @@ class WorkerHalf:
                 logger.exception("lmcache-ascend: unpinning %s failed", lookup_id)
         for req_id in step.finished_req_ids:
             try:
-                self.engine.unpin(req_id)
+                self.engine.request_ended(req_id)
             except Exception:  # noqa: BLE001
                 logger.exception("lmcache-ascend: unpinning %s failed", req_id)
             rec = self._records.pop(req_id, None)

@@ -346,6 +346,13 @@ class WorkerEngine:
             self.staging.release(lookup_id)
         self.engine.lookup_unpin(lookup_id)
 
+    def request_ended(self, req_id: str) -> None:
+        """``req_id`` is gone for good: what its lookups staged or pinned is
+        released, also what a lookup of it still reading stages later."""
+        if self.staging is not None:
+            self.staging.request_ended(req_id)
+        self.engine.lookup_unpin(req_id)
+
     def close(self) -> None:
         if self._closed:
             return

@@ -46,9 +46,14 @@ logger = logging.getLogger(__name__)
 QUARANTINE_S = 120.0
 # At most this many refused keys are remembered (oldest forgotten first).
 QUARANTINE_MAX = 4096
-# Staged chunks no load claimed within this time are released (a lookup whose
-# answer never reached the scheduler: its RPC timed out).
+# Staged chunks no load claimed within this time are released: the backstop
+# for a lookup whose answer never reached the scheduler (its RPC timed out)
+# while its request still runs. Its request's end releases them sooner, also
+# when the lookup lands after it (``request_ended``).
 STAGE_TTL_S = 300.0
+# The scheduler's lookup ids of one request: the request id itself, or the
+# request id, this separator and a suffix (a Mamba state probe: ``r#state3``).
+REQUEST_ID_SEP = "#"
 # Chunks per read while the previous ones are verified: large enough that a
 # backend's batched read pays its round trips once per window, small enough
 # that the first checks start early (16 chunks of 256 tokens of a large
@@ -148,6 +153,12 @@ class LookupStaging:
         self._lock = threading.Lock()
         self._entries: dict[Any, _Entry] = {}
         self._registrations: dict[str, _Registration] = {}
+        # Lookup id -> its lookups still reading (the lookup server's thread,
+        # or a scheduler-side client's); ids whose request ended meanwhile,
+        # so what those lookups stage is released when they land instead of
+        # being held for a load that cannot come.
+        self._running: dict[str, int] = {}
+        self._ended: set[str] = set()
         # Chunk hash -> when it was refused.
         self._quarantine: "OrderedDict[int, float]" = OrderedDict()
         self._tokens = itertools.count(1)
@@ -211,6 +222,7 @@ class LookupStaging:
         now = self._clock()
         staged: list[StagedChunk] = []
         with self._lock:
+            self._running[lookup_id] = self._running.get(lookup_id, 0) + 1
             self._sweep(now)
             # Chunks an earlier lookup (this request's, or a Mamba probe's)
             # holds already are not read again.
@@ -221,7 +233,13 @@ class LookupStaging:
                 entry.holders.add(token)
                 staged.append(StagedChunk(start, end, key.chunk_hash, entry.obj))
         rest = chunks[len(staged):]
-        fresh = self._read(rest, search_range, now, timing) if rest else []
+        try:
+            fresh = self._read(rest, search_range, now, timing) if rest else []
+        except BaseException:
+            with self._lock:
+                self._drop(token, [key for _, _, key in chunks[: len(staged)]])
+                self._landed(lookup_id)
+            raise
         with self._lock:
             for (_, _, key), chunk in zip(rest, fresh):
                 entry = self._entries.get(key)
@@ -234,10 +252,29 @@ class LookupStaging:
                 staged.append(chunk)
             keys = tuple(key for _, _, key in chunks[: len(staged)])
             old = self._registrations.pop(lookup_id, None)
-            self._registrations[lookup_id] = _Registration(token, keys, tuple(staged), now)
             if old is not None:
                 self._drop(old.token, old.keys)
+            if self._landed(lookup_id):
+                # Its request ended while this lookup read (a client gone, or
+                # a scheduler that stopped waiting: LMCache's lookup_timeout_ms).
+                self._drop(token, keys)
+                logger.debug("lmcache-ascend: lookup %s landed after its request ended; released "
+                             "its %d staged chunk(s)", lookup_id, len(keys))
+            else:
+                self._registrations[lookup_id] = _Registration(token, keys, tuple(staged), now)
         return staged
+
+    def _landed(self, lookup_id: str) -> bool:
+        """(Lock held.) One lookup of ``lookup_id`` ended; whether its
+        request ended while it ran."""
+        left = self._running.pop(lookup_id, 1) - 1
+        if left:
+            self._running[lookup_id] = left
+            return lookup_id in self._ended
+        if lookup_id in self._ended:
+            self._ended.discard(lookup_id)
+            return True
+        return False
 
     def _read(self, chunks: Sequence[tuple], search_range: Optional[list], now: float,
               timing: "_Timing") -> list[StagedChunk]:
@@ -466,11 +503,26 @@ class LookupStaging:
             self._drop(claim.token, claim.keys)
 
     def release(self, lookup_id: str) -> None:
-        """The scheduler let ``lookup_id`` go without a load."""
+        """The scheduler let ``lookup_id`` go without a load. (A lookup of
+        the same id may run meanwhile for the same, still living request,
+        e.g. readmitted after a preemption: what it stages is kept.)"""
         with self._lock:
             reg = self._registrations.pop(lookup_id, None)
             if reg is not None:
                 self._drop(reg.token, reg.keys)
+
+    def request_ended(self, req_id: str) -> None:
+        """``req_id`` finished or was aborted: no load will come for any of
+        its lookup ids. What they staged is released now, and what a lookup
+        of them still reading stages is released when it lands (an RPC that
+        timed out, a client that left before its fetch ended); otherwise
+        those chunks would be held until ``STAGE_TTL_S``."""
+        prefix = req_id + REQUEST_ID_SEP
+        with self._lock:
+            for lookup_id in [i for i in self._registrations if i == req_id or i.startswith(prefix)]:
+                reg = self._registrations.pop(lookup_id)
+                self._drop(reg.token, reg.keys)
+            self._ended.update(i for i in self._running if i == req_id or i.startswith(prefix))
 
     def take_counts(self) -> StagingCounts:
         with self._lock:
