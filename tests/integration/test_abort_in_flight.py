@@ -339,6 +339,8 @@ def test_mla_fetch_that_outlives_its_lookup_timeout_is_a_miss_and_holds_nothing(
     loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)]
     assert loaded == [0, 3 * CHUNK, 0, 3 * CHUNK], f"loaded {loaded}\n{story}"
     assert "LMCache lookup got no answer" in log, story
+    # The worker says why, once, with what to change.
+    assert len(re.findall(r"longer than LMCache's lookup_timeout_ms \(1000 ms\)", log)) == 1, story
     assert counters["lookup_failures"] == 1, story
     assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, story
     for got, ref in ((stalled, cold), (after, before)):

@@ -168,6 +168,10 @@ class LookupStaging:
         # Location -> its synchronous reader (``redis_reads``), or None for
         # LMCache's own reads; decided once the backend has a connection.
         self._readers: dict[str, Optional[redis_reads.SyncRedisReader]] = {}
+        # LMCache's lookup client gives up after this (the request is then
+        # computed as a miss): a read that takes longer is said once.
+        self._timeout_s = float(getattr(getattr(engine, "config", None), "lookup_timeout_ms", 0) or 0) / 1e3
+        self._said_too_slow = False
 
     def install(self) -> "LookupStaging":
         # An instance attribute: LMCache's lookup server (and the bypass
@@ -410,6 +414,19 @@ class LookupStaging:
             len(staged), total / 1e6, ", ".join(sorted(timing.bytes_by_location)), took,
             total / took / 1e9 if took > 0 else float("inf"), timing.keys_s, timing.fetch_s, timing.check_s,
         )
+        if self._timeout_s and took > self._timeout_s and not self._said_too_slow:
+            # The scheduler stopped waiting before this read ended: the
+            # request was computed, and the read serves nobody. Say so once,
+            # with what to change.
+            self._said_too_slow = True
+            logger.warning(
+                "lmcache-ascend: a lookup read %.1f MB in %.1f s, longer than LMCache's lookup_timeout_ms "
+                "(%.0f ms): the scheduler had stopped waiting and computed its request (a lookup "
+                "failure). Its chunks are released once the request ends. Raise lookup_timeout_ms "
+                "(LMCACHE_LOOKUP_TIMEOUT_MS) where prefixes this large should hit; it also bounds how "
+                "long a request waits for a stalled store. Said once.",
+                total / 1e6, took, self._timeout_s * 1e3,
+            )
 
     def _write_back(self, location: str, keys: list, objs: list) -> None:
         """Verified chunks from disk or remote go to LMCache's CPU cache, as
