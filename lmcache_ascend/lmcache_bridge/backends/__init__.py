@@ -8,7 +8,8 @@
   child process) and its run-time failures counted.
 * ``credentials``: the store's passwords never reach a log line or an error.
 * ``redis_reads``: the staged lookups read a ``redis://`` pool's entries on
-  redis-py's synchronous client (with hiredis), LMCache's format.
+  redis-py's synchronous client (with hiredis), LMCache's format, and any
+  other backend through LMCache's own reads (``read_prefix``).
 
 Importing this package imports nothing; none of its modules imports LMCache
 at import time.

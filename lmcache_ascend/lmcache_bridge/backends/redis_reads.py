@@ -493,3 +493,40 @@ def reader_for(backend: Any) -> Optional[SyncRedisReader]:
               ", each value received straight into LMCache's buffer" if reader._direct is not None else
               " (values parsed by redis-py and copied: TLS, or the direct reader did not start)")
     return reader
+
+
+def read_prefix(backend: Any, keys: list, reader: Optional["SyncRedisReader"] = None) -> list:
+    """Objects for ``keys`` from ``backend`` (or ``reader``, which reads the
+    same entries), cut at the first one that could not be read (a list
+    shorter than ``keys`` or ending in None). A batched read that fails as a
+    whole is retried key by key, so one bad entry does not cost the good ones
+    before it; ``reader`` reads key by key already."""
+    objs: Optional[list] = None
+    if reader is not None:
+        try:
+            objs = list(reader.read(keys))
+        except Exception as e:  # noqa: BLE001 - a defect of ours must not cost the hit
+            reader_failed(e)
+            reader = None
+    if objs is None:
+        try:
+            objs = list(backend.batched_get_blocking(keys))
+        except Exception:  # noqa: BLE001 - e.g. metadata that decodes to nonsense
+            objs = [None]
+    if reader is None and objs and objs[0] is None and len(keys) > 1:
+        objs = []
+        for key in keys:
+            try:
+                obj = backend.get_blocking(key)
+            except Exception:  # noqa: BLE001
+                obj = None
+            objs.append(obj)
+            if obj is None:
+                break
+    for i, obj in enumerate(objs):
+        if obj is None:
+            for extra in objs[i + 1:]:
+                if extra is not None:
+                    extra.ref_count_down()
+            return objs[: i + 1]
+    return objs
