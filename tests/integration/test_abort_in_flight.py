@@ -170,8 +170,15 @@ def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = Fal
     other = token_prompt(chunk + 40, seed=92)
     body = {"model": model, "prompt": prompt, "max_tokens": 6, "temperature": 0, "logprobs": 1}
     with RedisServer(tmp_path) as redis:
-        srv = _redis_only_server(tmp_path, redis, model, dtype, chunk,
-                                 {"LMCA_FAULT_LOOKUP_DELAY": f"{3 if hit_before else 2}:{HOLD_S}"}, engine_args)
+        srv = _redis_only_server(tmp_path, redis, model, dtype, chunk, {
+            "LMCA_FAULT_LOOKUP_DELAY": f"{3 if hit_before else 2}:{HOLD_S}",
+            # Every later request must hit, so no lookup may give up on a
+            # slow machine: LMCache's 3 s default is a property of the
+            # machine's load, not of what is tested here (the held lookup
+            # waits before its RPC). A lookup that gives up is a miss,
+            # tested below with the store paused.
+            "LMCACHE_LOOKUP_TIMEOUT_MS": "30000",
+        }, engine_args)
         proc = srv.proc
         try:
             wait_ready(srv)
