@@ -213,16 +213,19 @@ def _abort_during_fetch(tmp_path, model: str, dtype: str, hit_before: bool = Fal
     return AbortRun(cold, hit, again, before, damaged, chunk, counters, log, proc.returncode)
 
 
-def _story(run: "AbortRun | None" = None, log: str = "", counters: dict | None = None) -> str:
+def _story(log: str, counters: dict | None) -> str:
     """What a failed check needs to be understood without the server's log
     (a CI run keeps none): each request's summary and lookup, every warning
     and error of the connector, LMCache and the faults, and the counters."""
-    if run is not None:
-        log, counters = run.log, run.counters
     keep = ("lmcache-ascend: request", "lookup staged", "lmcache-ascend-faults", "WARNING", "ERROR",
             "Traceback", "POST /v1/completions", "closing:")
     lines = [line[-400:] for line in log.splitlines() if any(k in line for k in keep)]
     return "\n".join(lines[-80:]) + f"\ncounters: {counters}"
+
+
+def _loaded(log: str) -> list[int]:
+    """Tokens each finished request loaded, in the order they finished."""
+    return [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)]
 
 
 def _check_nothing_lost_or_held(run: AbortRun, hits_loaded: int) -> None:
@@ -232,10 +235,11 @@ def _check_nothing_lost_or_held(run: AbortRun, hits_loaded: int) -> None:
     assert "ended with its lookup or load in flight" in log, log[-4000:]
     # The aborted request was never served (no summary line names a hit for
     # it); the later requests hit the whole stored prefix.
-    loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)]
-    assert loaded.count(3 * run.chunk) == hits_loaded, f"loaded {loaded}\n{_story(run)}"
-    assert counters["abandoned_transfers"] == 1, _story(run)
-    assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, _story(run)
+    loaded = _loaded(log)
+    assert loaded.count(3 * run.chunk) == hits_loaded, f"loaded {loaded}\n{_story(run.log, run.counters)}"
+    assert counters["abandoned_transfers"] == 1, _story(run.log, run.counters)
+    assert counters.get("load_errors", 0) == 0 and counters.get("checksum_failures", 0) == 0, \
+        _story(run.log, run.counters)
     # The two hits after the abort are equal bit for bit (same step boundaries).
     a, b = run.hit["choices"][0], run.again["choices"][0]
     assert a["text"] == b["text"]
@@ -283,11 +287,12 @@ def test_mla_client_gone_during_its_fetch_leaves_nothing_pinned(tmp_path, tiny_m
     assert d is not None
     assert d.hit["choices"][0]["text"] == d.short["choices"][0]["text"]
     assert d.hit["choices"][0]["logprobs"]["token_logprobs"] == d.short["choices"][0]["logprobs"]["token_logprobs"]
-    loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", run.log)]
-    assert loaded[-2:] == [run.chunk, run.chunk], f"loaded {loaded}\n{_story(run)}"
+    loaded = _loaded(run.log)
+    assert loaded[-2:] == [run.chunk, run.chunk], f"loaded {loaded}\n{_story(run.log, run.counters)}"
     refused = [line for line in run.log.splitlines() if "refused at lookup" in line]
-    assert len(refused) == 1 and "checksum" in refused[0], _story(run)
-    assert d.counters["checksum_failures"] == 1 and d.counters.get("load_errors", 0) == 0, f"{d.counters}\n{_story(run)}"
+    assert len(refused) == 1 and "checksum" in refused[0], _story(run.log, run.counters)
+    assert d.counters["checksum_failures"] == 1 and d.counters.get("load_errors", 0) == 0, \
+        f"{d.counters}\n{_story(run.log, run.counters)}"
 
 
 # The lookup's RPC gives up after this (LMCache's lookup_timeout_ms, set
@@ -334,16 +339,16 @@ def test_mla_fetch_that_outlives_its_lookup_timeout_is_a_miss_and_holds_nothing(
                 counters = _metrics(srv)
                 if counters.get("lookup_failures") and counters.get("loaded_tokens", 0) >= 6 * CHUNK:
                     break
-                assert time.monotonic() < deadline, _story(log=srv.log(), counters=counters)
+                assert time.monotonic() < deadline, _story(srv.log(), counters)
                 time.sleep(2)
         finally:
             srv.stop()
         log = srv.log()
-    story = _story(log=log, counters=counters)
+    story = _story(log, counters)
     # The stalled request did not wait for the stall: it was served while
     # Redis was still paused (its lookup gave up, and it was computed).
     assert served_s < PAUSE_MS / 1000, (served_s, story)
-    loaded = [int(x) for x in re.findall(r"request \S+: hit \d+ tokens \(vLLM had \d+\), loaded (\d+) tokens", log)]
+    loaded = _loaded(log)
     assert loaded == [0, 3 * CHUNK, 0, 3 * CHUNK], f"loaded {loaded}\n{story}"
     assert "LMCache lookup got no answer" in log, story
     # The worker says why, once, with what to change.
